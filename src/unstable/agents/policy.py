@@ -1,0 +1,49 @@
+"""The model-backed agent: render the observation with a template, sample, extract the move."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from unstable.agents.base import Agent
+from unstable.games.actions import extract_action
+from unstable.games.templates import PromptTemplate
+from unstable.inference.base import GenerationRequest, GenerationResult
+from unstable.records import Checkpoint, Decision
+
+
+class GenerationClient(Protocol):
+    """Anything that completes one request: an `InferenceServer`, or a proxy to one living in a Ray actor."""
+
+    def generate(self, request: GenerationRequest) -> GenerationResult: ...
+
+
+class PolicyAgent(Agent):
+    """Plays with the policy `checkpoint` served by `client`, recording tokens and behaviour log-probs."""
+
+    def __init__(
+        self, client: GenerationClient, checkpoint: Checkpoint, template: PromptTemplate, tokenizer: Any = None
+    ):
+        self.client = client
+        self.checkpoint = checkpoint
+        self.template = template
+        self.tokenizer = tokenizer
+        self.name = checkpoint.uid
+
+    def act(self, observation: str) -> Decision:
+        """Sample a completion for the rendered observation and parse the move out of it."""
+        prompt = self.template.render(observation, self.tokenizer)
+        start = time.perf_counter()
+        result = self.client.generate(GenerationRequest(prompt=prompt, checkpoint=self.checkpoint))
+        action, format_ok = extract_action(result.text)
+        return Decision(
+            action=action,
+            raw_output=result.text,
+            prompt=prompt,
+            prompt_token_ids=result.prompt_token_ids,
+            completion_token_ids=result.completion_token_ids,
+            behaviour_logprobs=result.logprobs,
+            format_ok=format_ok,
+            checkpoint=self.checkpoint,
+            generation_seconds=time.perf_counter() - start,
+        )

@@ -1,0 +1,194 @@
+"""Scripted reference opponents that read TextArena observations like a model and answer with a move string.
+
+Every agent is deterministic given its seed: it draws all randomness (tie-breaks, mixed strategies) from its
+own `random.Random(seed)`, never from the global `random` module, which TextArena re-seeds on every reset.
+Parsers read the *current* state (the last board / the current round) so they work on the observations of both
+`-train` envs (prompt, game messages, current board) and default envs (the whole history).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import operator
+import random
+import re
+from fractions import Fraction
+
+from unstable.agents.base import Agent
+from unstable.evaluation.kuhn import INFOSETS, nash_strategy
+from unstable.records import Decision
+
+_OFFERED_MOVES = re.compile(r"(?:available|valid|legal) (?:moves|actions)[^:\n]*:([^\n]*)", re.IGNORECASE)
+_BRACKETED = re.compile(r"\[[^\[\]\n]+\]")
+_NIM_PILE = re.compile(r"^\s*pile \d+: (\d+)\s*$", re.MULTILINE)
+_BOARD_ROW = re.compile(r"^\s*(\S)\s*\|\s*(\S)\s*\|\s*(\S)\s*$", re.MULTILINE)
+_KUHN_CARD = re.compile(r"Your card is: '([JQK])'")
+_KUHN_MOVE = re.compile(r"Player \d, submitted move: '\[(check|bet|call|fold)\]'")
+_WIN_LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
+
+
+def _nim_piles(observation: str) -> list[int]:
+    """Pile sizes from the last 'Current Pile:' block ([] when there is none)."""
+    if "Current Pile:" not in observation:
+        return []
+    return [int(size) for size in _NIM_PILE.findall(observation.rsplit("Current Pile:", 1)[1])]
+
+
+def parse_legal_moves(observation: str) -> list[str]:
+    """The bracketed moves the env currently offers, in the order shown; [] if none are found.
+
+    Reads the last line like "Available Moves: '[0]', '[1]'" or "Your available actions are: '[check]', '[bet]'".
+    Nim lists no moves, so for it every '[pile quantity]' allowed by the last 'Current Pile:' block is returned.
+    """
+    offered = _OFFERED_MOVES.findall(observation)
+    if offered:
+        return _BRACKETED.findall(offered[-1])
+    return [f"[{pile} {take}]" for pile, size in enumerate(_nim_piles(observation)) for take in range(1, size + 1)]
+
+
+class RandomAgent(Agent):
+    """Uniformly random legal move. If no legal move can be parsed it submits FALLBACK_ACTION with
+    format_ok=False, leaving the env to judge it (usually an invalid move) rather than crashing the game."""
+
+    name = "random"
+    FALLBACK_ACTION = "[0]"
+
+    def __init__(self, seed: int):
+        self._rng = random.Random(seed)
+
+    def act(self, observation: str) -> Decision:
+        """Pick one of the parsed legal moves at random."""
+        legal = parse_legal_moves(observation)
+        if not legal:
+            return Decision(action=self.FALLBACK_ACTION, format_ok=False)
+        return Decision(action=self._rng.choice(legal))
+
+
+def _tictactoe_board(observation: str) -> str:
+    """The last 'Current Board:' grid as 9 characters: 'O', 'X' or ' ' (empty), cell 0 first."""
+    if "Current Board:" not in observation:
+        raise ValueError("no 'Current Board:' in the observation; is this TicTacToe?")
+    rows = _BOARD_ROW.findall(observation.rsplit("Current Board:", 1)[1])[:3]
+    if len(rows) != 3:
+        raise ValueError("could not read three board rows after 'Current Board:'")
+    return "".join(mark if mark in "OX" else " " for row in rows for mark in row)
+
+
+def _to_move(board: str) -> str:
+    """'O' (TextArena's Player 0, who always opens) when the counts are equal, else 'X'."""
+    return "O" if board.count("O") == board.count("X") else "X"
+
+
+def _empty_cells(board: str) -> list[int]:
+    """Indices of the empty cells."""
+    return [cell for cell, mark in enumerate(board) if mark == " "]
+
+
+@functools.cache
+def _move_score(board: str, cell: int) -> int:
+    """Minimax score, for the player to move, of playing `cell`: a win scores 1 + the empty cells left (so
+    faster wins score higher and slower losses lower in magnitude), a draw 0, otherwise minus the opponent's
+    best reply."""
+    mover = _to_move(board)
+    child = board[:cell] + mover + board[cell + 1 :]
+    if any(all(child[i] == mover for i in line) for line in _WIN_LINES):
+        return 1 + child.count(" ")
+    replies = [_move_score(child, reply) for reply in _empty_cells(child)]
+    return -max(replies) if replies else 0
+
+
+class TicTacToeMinimaxAgent(Agent):
+    """Perfect TicTacToe play by full minimax on the parsed board; ties between equally good moves are broken
+    by the seeded RNG."""
+
+    name = "tictactoe-minimax"
+
+    def __init__(self, seed: int):
+        self._rng = random.Random(seed)
+
+    def act(self, observation: str) -> Decision:
+        """Play one of the best cells for whoever is to move on the current board."""
+        board = _tictactoe_board(observation)
+        cells = _empty_cells(board)
+        if not cells:
+            raise ValueError("the board is full; there is no move to make")
+        scores = {cell: _move_score(board, cell) for cell in cells}
+        best = max(scores.values())
+        return Decision(action=f"[{self._rng.choice([c for c in cells if scores[c] == best])}]")
+
+
+def kuhn_infoset(observation: str) -> str:
+    """The acting player's information set in the current round, as an `unstable.evaluation.kuhn` key: the
+    card from the last "Your card is" line plus c/b for each check/bet submitted since the last round start."""
+    cards = _KUHN_CARD.findall(observation)
+    if not cards:
+        raise ValueError("no \"Your card is: '...'\" in the observation; is this Kuhn Poker?")
+    this_round = observation.rsplit("Starting round", 1)[-1]
+    key = cards[-1] + "".join(move[0] for move in _KUHN_MOVE.findall(this_round))
+    if key not in INFOSETS:
+        raise ValueError(f"not a decision point of a Kuhn Poker round: {key!r}")
+    return key
+
+
+class KuhnPokerNashAgent(Agent):
+    """Plays the Kuhn Poker equilibrium `nash_strategy(alpha)` in every round, as the first or second player
+    according to who opened the current round."""
+
+    def __init__(self, seed: int, alpha: float = Fraction(1, 6)):
+        self._rng = random.Random(seed)
+        self.strategy = nash_strategy(alpha)
+        self.name = f"kuhn-nash:alpha={alpha}"
+
+    def act(self, observation: str) -> Decision:
+        """Bet/call with the equilibrium probability of the current information set, else check/fold."""
+        key = kuhn_infoset(observation)
+        facing_bet = key.endswith("b")
+        aggressive = self._rng.random() < self.strategy[key]
+        if facing_bet:
+            return Decision(action="[call]" if aggressive else "[fold]")
+        return Decision(action="[bet]" if aggressive else "[check]")
+
+
+class NimOptimalAgent(Agent):
+    """Nim by nim-sum: move to a position with nim-sum 0 when possible (ties by the seeded RNG), otherwise a
+    random legal move. Moves are '[pile quantity]', e.g. '[2 3]' takes 3 from pile 2."""
+
+    name = "nim-optimal"
+
+    def __init__(self, seed: int):
+        self._rng = random.Random(seed)
+
+    def act(self, observation: str) -> Decision:
+        """Take the winning amount from a pile, or anything when the position is lost."""
+        piles = _nim_piles(observation)
+        if not any(piles):
+            raise ValueError("no non-empty 'Current Pile:' block in the observation; is this Nim?")
+        nim_sum = functools.reduce(operator.xor, piles)
+        winning = [f"[{pile} {size - (size ^ nim_sum)}]" for pile, size in enumerate(piles) if size ^ nim_sum < size]
+        return Decision(action=self._rng.choice(winning or parse_legal_moves(observation)))
+
+
+SCRIPTED_AGENTS: dict[str, type[Agent]] = {
+    "random": RandomAgent,
+    "tictactoe-minimax": TicTacToeMinimaxAgent,
+    "kuhn-nash": KuhnPokerNashAgent,
+    "nim-optimal": NimOptimalAgent,
+}
+
+
+def make_scripted_agent(name: str, seed: int) -> Agent:
+    """Build a scripted agent by name: a key of SCRIPTED_AGENTS, optionally followed by ':' and comma-separated
+    numeric constructor parameters, e.g. 'kuhn-nash:alpha=0.2' or 'kuhn-nash:alpha=1/6' (parsed as Fractions)."""
+    base, _, params = name.partition(":")
+    if base not in SCRIPTED_AGENTS:
+        raise ValueError(f"unknown scripted agent {name!r}; valid names: {', '.join(SCRIPTED_AGENTS)}")
+    cls = SCRIPTED_AGENTS[base]
+    accepted = set(inspect.signature(cls).parameters) - {"seed"}
+    kwargs = {}
+    for item in filter(None, params.split(",")):
+        key, _, value = (part.strip() for part in item.partition("="))
+        if key not in accepted or not value:
+            raise ValueError(f"bad parameter {item!r} for {base!r}; it accepts {sorted(accepted) or 'none'}")
+        kwargs[key] = Fraction(value)
+    return cls(seed=seed, **kwargs)

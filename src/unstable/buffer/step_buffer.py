@@ -1,0 +1,76 @@
+"""The StepBuffer: turns finished games into reward-carrying steps and hands out training batches."""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import replace
+
+from unstable.records import GameRecord, Step
+
+
+class StepBuffer:
+    """A bounded FIFO of training steps (oldest dropped first), filled through the reward transforms.
+
+    Only steps of the learner's seats that carry model tokens are kept; failed games add nothing.
+    `get_batch` removes a uniformly drawn batch and applies the sampling-stage transform to it.
+    """
+
+    def __init__(
+        self,
+        max_buffer_size: int = 768,
+        final_reward_transformation: Callable | None = None,
+        step_reward_transformation: Callable | None = None,
+        sampling_reward_transformation: Callable | None = None,
+        seed: int = 0,
+    ):
+        self.max_buffer_size = max_buffer_size
+        self.final_transform = final_reward_transformation
+        self.step_transform = step_reward_transformation
+        self.sampling_transform = sampling_reward_transformation
+        self.steps: deque[Step] = deque(maxlen=max_buffer_size)
+        self.counters = {"games_added": 0, "games_skipped": 0, "steps_added": 0, "steps_dropped": 0}
+        self._rng = random.Random(seed)
+
+    def add_game(self, record: GameRecord) -> int:
+        """Add the learner's steps of a finished game; returns how many steps were added."""
+        if record.failed or record.is_eval or not record.rewards:
+            self.counters["games_skipped"] += 1
+            return 0
+        rewards = dict(record.rewards)
+        if self.final_transform is not None:
+            rewards = self.final_transform(rewards, env_id=record.env_id)
+        added = 0
+        for step in record.steps:
+            if step.player_id not in record.learner_player_ids or not step.has_tokens:
+                continue
+            step = replace(step, reward=float(rewards[step.player_id]))
+            if self.step_transform is not None:
+                step = self.step_transform(step, env_id=record.env_id)
+            if len(self.steps) == self.max_buffer_size:
+                self.counters["steps_dropped"] += 1
+            self.steps.append(step)
+            added += 1
+        self.counters["games_added"] += 1
+        self.counters["steps_added"] += added
+        return added
+
+    def size(self) -> int:
+        """Steps currently stored."""
+        return len(self.steps)
+
+    def get_batch(self, batch_size: int) -> list[Step]:
+        """Remove and return `batch_size` uniformly drawn steps, after the sampling-stage transform."""
+        if batch_size > len(self.steps):
+            raise ValueError(f"asked for {batch_size} steps but the buffer holds {len(self.steps)}")
+        chosen = set(self._rng.sample(range(len(self.steps)), batch_size))
+        batch = [s for i, s in enumerate(self.steps) if i in chosen]
+        self.steps = deque((s for i, s in enumerate(self.steps) if i not in chosen), maxlen=self.max_buffer_size)
+        if self.sampling_transform is not None:
+            batch = self.sampling_transform(batch)
+        return batch
+
+    def stats(self) -> dict[str, float]:
+        """Counters for the tracker."""
+        return {f"buffer/{k}": v for k, v in self.counters.items()} | {"buffer/size": len(self.steps)}

@@ -1,0 +1,1 @@
+"""The `unstable` command line."""

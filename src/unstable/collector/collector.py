@@ -1,0 +1,143 @@
+"""The Collector: keeps `num_workers` training games and `num_eval_workers` eval games in flight.
+
+Games are plain `play_episode` calls on a thread pool (they spend their time waiting for the inference
+engine, so threads cost little and no process per game is needed). Each finished training game goes to the
+StepBuffer and the ModelPool's ratings; every game's summary goes to the Tracker; then a new game starts.
+The learner's seat always plays the pool's latest checkpoint, so a new checkpoint is picked up by the very
+next game while games already running finish on the adapter they started with.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+from unstable.agents.base import Agent
+from unstable.agents.policy import GenerationClient, PolicyAgent
+from unstable.agents.scripted import make_scripted_agent
+from unstable.games.episode import DEFAULT_MAX_TURNS, play_episode
+from unstable.games.templates import get_template
+from unstable.pool.model_pool import Opponent
+from unstable.records import EnvSpec, GameRecord
+from unstable.tracking.tracker import summarize_game
+
+log = logging.getLogger(__name__)
+
+
+class Collector:
+    """Runs training and evaluation games concurrently and routes their results."""
+
+    def __init__(
+        self,
+        client: GenerationClient,
+        model_pool,
+        step_buffer,
+        tracker,
+        *,
+        training_envs: list[EnvSpec],
+        evaluation_envs: list[EnvSpec] | None = None,
+        evaluation_opponent: str = "random",
+        tokenizer: Any = None,
+        max_turns: int = DEFAULT_MAX_TURNS,
+        seed: int = 0,
+    ):
+        if not training_envs:
+            raise ValueError("Collector needs at least one training env")
+        self.client = client
+        self.model_pool = model_pool
+        self.step_buffer = step_buffer
+        self.tracker = tracker
+        self.training_envs = list(training_envs)
+        self.evaluation_envs = list(evaluation_envs or training_envs)
+        self.evaluation_opponent = evaluation_opponent
+        self.tokenizer = tokenizer
+        self.max_turns = max_turns
+        self.seed = seed
+        self._game_counter = itertools.count()
+        self._stop = threading.Event()
+
+    def collect(self, num_workers: int, num_eval_workers: int = 0) -> dict[str, int]:
+        """Keep the games in flight until `stop()` is called; returns how many games of each kind ran."""
+        self._stop.clear()
+        counts = {"train": 0, "eval": 0}
+        with ThreadPoolExecutor(max_workers=num_workers + num_eval_workers, thread_name_prefix="game") as pool:
+            in_flight: dict[Future, str] = {}
+            for kind, n in (("train", num_workers), ("eval", num_eval_workers)):
+                for _ in range(n):
+                    in_flight[pool.submit(self.play_one, kind == "eval")] = kind
+            while in_flight:
+                done, _ = wait(in_flight, timeout=0.2, return_when=FIRST_COMPLETED)
+                for future in done:
+                    kind = in_flight.pop(future)
+                    counts[kind] += 1
+                    if future.exception() is not None:
+                        log.error("game worker crashed: %r", future.exception())
+                    if not self._stop.is_set():
+                        in_flight[pool.submit(self.play_one, kind == "eval")] = kind
+        return counts
+
+    def evaluate(self, num_games: int, concurrency: int = 16) -> list[GameRecord]:
+        """Play `num_games` eval games now (blocking), seats alternating; returns their records."""
+        if num_games == 0:
+            return []
+        with ThreadPoolExecutor(max_workers=min(concurrency, num_games), thread_name_prefix="eval") as pool:
+            return list(pool.map(lambda _: self.play_one(is_eval=True), range(num_games)))
+
+    def stop(self) -> None:
+        """Let running games finish and start no new ones."""
+        self._stop.set()
+
+    def play_one(self, is_eval: bool) -> GameRecord:
+        """Play one game (training: latest checkpoint vs a pool opponent; eval: vs the eval opponent)."""
+        index = next(self._game_counter)
+        envs = self.evaluation_envs if is_eval else self.training_envs
+        spec = envs[index % len(envs)]
+        learner = self.model_pool.latest()
+        opponent = (
+            Opponent(self.evaluation_opponent, fixed=self.evaluation_opponent)
+            if is_eval
+            else self.model_pool.sample_opponent()
+        )
+        seed = self.seed * 1_000_003 + index
+        learner_seat = index % spec.num_players  # alternate seats
+        make_learner = lambda: PolicyAgent(self.client, learner, get_template(spec.prompt_template), self.tokenizer)  # noqa: E731
+        agents, learner_ids = seat_agents(
+            spec,
+            learner_seat,
+            make_learner,
+            self._opponent_factory(opponent, spec, seed),
+            mirror=not is_eval and opponent.checkpoint == learner,
+        )
+        record = play_episode(
+            spec, agents, seed, max_turns=self.max_turns, is_eval=is_eval, learner_player_ids=learner_ids
+        )
+        if not is_eval:
+            self.step_buffer.add_game(record)
+            self.model_pool.record_game(record)
+        self.tracker.add_game(summarize_game(record))
+        return record
+
+    def _opponent_factory(self, opponent: Opponent, spec: EnvSpec, seed: int) -> Callable[[int], Agent]:
+        if opponent.checkpoint is not None:
+            template = get_template(spec.prompt_template)
+            return lambda pid: PolicyAgent(self.client, opponent.checkpoint, template, self.tokenizer)
+        return lambda pid: make_scripted_agent(opponent.fixed, seed=seed + pid)
+
+
+def seat_agents(
+    spec: EnvSpec,
+    learner_seat: int,
+    make_learner: Callable[[], Agent],
+    make_opponent: Callable[[int], Agent],
+    mirror: bool,
+) -> tuple[dict[int, Agent], tuple[int, ...]]:
+    """Fill every seat: the learner at `learner_seat`, opponents elsewhere; in mirror self-play every seat
+    plays the learner's checkpoint and every seat's steps are training data."""
+    if mirror:
+        return {pid: make_learner() for pid in range(spec.num_players)}, tuple(range(spec.num_players))
+    agents = {pid: make_learner() if pid == learner_seat else make_opponent(pid) for pid in range(spec.num_players)}
+    return agents, (learner_seat,)

@@ -1,0 +1,72 @@
+"""Small-sample statistics for evaluation results: Wilson score intervals and win/draw/loss tallies."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion; (0.0, 1.0) when n == 0 (nothing is known)."""
+    if not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n, got {successes} of {n}")
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half_width = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    low = 0.0 if successes == 0 else centre - half_width
+    high = 1.0 if successes == n else centre + half_width
+    return low, high
+
+
+@dataclass(frozen=True)
+class WDL:
+    """Wins, draws and losses of one player over a set of games, with rates and their Wilson intervals."""
+
+    wins: int = 0
+    draws: int = 0
+    losses: int = 0
+
+    @classmethod
+    def from_outcomes(cls, outcomes: Iterable[str]) -> WDL:
+        """Tally 'win' / 'draw' / 'loss' strings (as returned by GameRecord.outcome)."""
+        outcomes = list(outcomes)
+        unknown = set(outcomes) - {"win", "draw", "loss"}
+        if unknown:
+            raise ValueError(f"unknown outcomes {sorted(unknown)}; expected 'win', 'draw' or 'loss'")
+        return cls(outcomes.count("win"), outcomes.count("draw"), outcomes.count("loss"))
+
+    @property
+    def n(self) -> int:
+        """Number of games."""
+        return self.wins + self.draws + self.losses
+
+    @property
+    def win_rate(self) -> float:
+        """Fraction of games won (0.0 when there are none)."""
+        return self.wins / self.n if self.n else 0.0
+
+    @property
+    def draw_rate(self) -> float:
+        """Fraction of games drawn (0.0 when there are none)."""
+        return self.draws / self.n if self.n else 0.0
+
+    @property
+    def loss_rate(self) -> float:
+        """Fraction of games lost (0.0 when there are none)."""
+        return self.losses / self.n if self.n else 0.0
+
+    def win_interval(self, z: float = 1.96) -> tuple[float, float]:
+        """Wilson interval for the win rate."""
+        return wilson_interval(self.wins, self.n, z)
+
+    def draw_interval(self, z: float = 1.96) -> tuple[float, float]:
+        """Wilson interval for the draw rate."""
+        return wilson_interval(self.draws, self.n, z)
+
+    def loss_interval(self, z: float = 1.96) -> tuple[float, float]:
+        """Wilson interval for the loss rate."""
+        return wilson_interval(self.losses, self.n, z)

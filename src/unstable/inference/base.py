@@ -1,0 +1,60 @@
+"""The inference interface shared by every backend: requests in, token ids and per-token log-probs out."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from unstable.records import Checkpoint
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How completions are sampled. `temperature == 0` means greedy decoding."""
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt to complete with the policy named by `checkpoint` (None: the base model)."""
+
+    prompt: str
+    checkpoint: Checkpoint | None = None
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """A completion with the exact tokens and the log-probability of each under the sampling distribution.
+
+    `logprobs[i] = log softmax(logits / temperature)[completion_token_ids[i]]` (temperature 1 when greedy),
+    the behaviour policy the learner corrects against.
+    """
+
+    text: str
+    prompt_token_ids: tuple[int, ...]
+    completion_token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str = "stop"
+
+
+class InferenceBackend(ABC):
+    """A model server: batched generation with several LoRA adapters resident at once."""
+
+    @abstractmethod
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Complete every request in one batch; adapters named by the requests must be loaded first."""
+
+    @abstractmethod
+    def load_adapter(self, checkpoint: Checkpoint) -> None:
+        """Make `checkpoint` (a LoRA adapter directory) servable under `checkpoint.uid`."""
+
+    @abstractmethod
+    def unload_adapter(self, uid: str) -> None:
+        """Free the adapter `uid`."""
+
+    def load_weights(self, path: str) -> None:
+        """Replace the base weights in place (full fine-tuning); backends that cannot do it say so."""
+        raise NotImplementedError(f"{type(self).__name__} cannot reload full weights")

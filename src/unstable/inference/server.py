@@ -1,0 +1,172 @@
+"""A batching front for any backend: requests arriving within a few milliseconds share one forward pass.
+
+Game threads call `generate` concurrently and block on a future; one worker thread drains the queue, makes
+sure each batch's adapters are resident (loading from the checkpoint path, evicting the least recently used
+beyond `max_loras`), runs the backend and resolves the futures. The Ray actor is this class under
+`ray.remote(max_concurrency=...)`: the same code serves local runs and tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future
+
+from unstable.inference.base import GenerationRequest, GenerationResult, InferenceBackend
+from unstable.records import Checkpoint
+
+log = logging.getLogger(__name__)
+
+
+class InferenceServer:
+    """Micro-batches concurrent generation requests onto one backend and hot-swaps LoRA checkpoints."""
+
+    def __init__(
+        self,
+        backend_factory: Callable[[], InferenceBackend],
+        *,
+        max_batch_size: int = 64,
+        batch_wait_ms: float = 5.0,
+        max_loras: int = 4,
+    ):
+        self._backend_factory = backend_factory
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_ms / 1000.0
+        self.max_loras = max_loras
+        self._queue: queue.Queue[tuple[GenerationRequest, Future]] = queue.Queue()
+        self._resident: OrderedDict[str, Checkpoint] = OrderedDict()
+        self._counters = _Counters()
+        self._backend: InferenceBackend | None = None
+        self._worker: threading.Thread | None = None
+        self._stopped = threading.Event()
+
+    def start(self) -> None:
+        """Build the backend (loads the model) and start the batching thread. Idempotent."""
+        if self._worker is not None:
+            return
+        self._backend = self._backend_factory()
+        self._worker = threading.Thread(target=self._serve, name="inference-batcher", daemon=True)
+        self._worker.start()
+
+    def stop(self) -> None:
+        """Stop the batching thread; pending requests fail with RuntimeError."""
+        self._stopped.set()
+        self._queue.put((None, None))  # type: ignore[arg-type]  # wakes the worker
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Complete one request (blocking until its batch ran)."""
+        return self.submit(request).result()
+
+    def submit(self, request: GenerationRequest) -> Future:
+        """Queue one request and return a future for its result."""
+        if self._worker is None:
+            raise RuntimeError("InferenceServer.start() was not called")
+        future: Future = Future()
+        self._queue.put((request, future))
+        return future
+
+    def stats(self, reset: bool = True) -> dict[str, float]:
+        """Throughput counters since the last reset: requests, batches, generated tokens, tokens/s."""
+        return self._counters.snapshot(reset)
+
+    def _serve(self) -> None:
+        while not self._stopped.is_set():
+            batch = self._next_batch()
+            if batch:
+                self._run_batch(batch)
+        self._fail_pending()
+
+    def _next_batch(self) -> list[tuple[GenerationRequest, Future]]:
+        first = self._queue.get()
+        if first[0] is None:
+            return []
+        batch = [first]
+        deadline = time.perf_counter() + self.batch_wait_s
+        while len(batch) < self.max_batch_size:
+            remaining = deadline - time.perf_counter()
+            try:
+                item = self._queue.get(timeout=max(remaining, 0.0)) if remaining > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item[0] is None:
+                self._stopped.set()
+                break
+            batch.append(item)
+        return batch
+
+    def _run_batch(self, batch: list[tuple[GenerationRequest, Future]]) -> None:
+        requests = [request for request, _ in batch]
+        start = time.perf_counter()
+        try:
+            self._make_resident([r.checkpoint for r in requests if r.checkpoint and r.checkpoint.path])
+            results = self._backend.generate(requests)
+        except Exception as exc:  # noqa: BLE001 - the callers see the error through their futures
+            log.exception("inference batch of %d failed", len(batch))
+            for _, future in batch:
+                future.set_exception(exc)
+            return
+        self._counters.add(results, time.perf_counter() - start)
+        for (_, future), result in zip(batch, results):
+            future.set_result(result)
+
+    def _make_resident(self, checkpoints: list[Checkpoint]) -> None:
+        needed = {c.uid: c for c in checkpoints}
+        if len(needed) > self.max_loras:
+            raise RuntimeError(f"one batch needs {len(needed)} adapters but max_loras={self.max_loras}")
+        for uid, checkpoint in needed.items():
+            if uid in self._resident:
+                self._resident.move_to_end(uid)
+                continue
+            while len(self._resident) >= self.max_loras:
+                victim = next(u for u in self._resident if u not in needed)
+                self._backend.unload_adapter(victim)
+                del self._resident[victim]
+            self._backend.load_adapter(checkpoint)
+            self._resident[uid] = checkpoint
+
+    def _fail_pending(self) -> None:
+        while not self._queue.empty():
+            _, future = self._queue.get_nowait()
+            if future is not None:
+                future.set_exception(RuntimeError("inference server stopped"))
+
+
+class _Counters:
+    """Thread-safe throughput counters."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.requests = 0
+        self.batches = 0
+        self.tokens = 0
+        self.busy_s = 0.0
+        self.since = time.perf_counter()
+
+    def add(self, results: list[GenerationResult], seconds: float) -> None:
+        with self._lock:
+            self.requests += len(results)
+            self.batches += 1
+            self.tokens += sum(len(r.completion_token_ids) for r in results)
+            self.busy_s += seconds
+
+    def snapshot(self, reset: bool) -> dict[str, float]:
+        with self._lock:
+            elapsed = max(time.perf_counter() - self.since, 1e-9)
+            stats = {
+                "inference/requests": self.requests,
+                "inference/batches": self.batches,
+                "inference/generated_tokens": self.tokens,
+                "inference/tokens_per_s": self.tokens / elapsed,
+                "inference/mean_batch_size": self.requests / max(self.batches, 1),
+                "inference/busy_fraction": self.busy_s / elapsed,
+            }
+            if reset:
+                self._reset()
+            return stats

@@ -1,0 +1,85 @@
+"""From steps to tensors: exact token sequences, completion masks and token-budget micro-batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from unstable.records import Step
+
+
+@dataclass
+class TokenBatch:
+    """Right-padded `prompt + completion` sequences; every `(B, L-1)` tensor is aligned to the targets."""
+
+    input_ids: torch.Tensor  # (B, L)
+    attention_mask: torch.Tensor  # (B, L)
+    completion_mask: torch.Tensor  # (B, L-1) 1.0 where the target token is a (kept) completion token
+    behaviour_logprobs: torch.Tensor  # (B, L-1) sampling-policy log-prob of each target, 0 elsewhere
+    rewards: torch.Tensor  # (B,)
+    steps: list[Step]
+
+    def to(self, device: str) -> TokenBatch:
+        """Move the tensors to `device`."""
+        return TokenBatch(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.completion_mask.to(device),
+            self.behaviour_logprobs.to(device),
+            self.rewards.to(device),
+            self.steps,
+        )
+
+
+def sequence_length(step: Step, max_train_len: int | None) -> int:
+    """Tokens of `step` the learner trains on: prompt + completion, cut to the first `max_train_len`."""
+    full = len(step.prompt_token_ids) + len(step.completion_token_ids)
+    return full if max_train_len is None else min(full, max_train_len)
+
+
+def collate(steps: list[Step], pad_id: int, max_train_len: int | None = None) -> TokenBatch:
+    """Build a TokenBatch. Sequences longer than `max_train_len` keep their first tokens (the seed's rule)."""
+    length = max(sequence_length(s, max_train_len) for s in steps)
+    batch = len(steps)
+    input_ids = torch.full((batch, length), pad_id, dtype=torch.long)  # (B, L)
+    attention = torch.zeros((batch, length), dtype=torch.long)  # (B, L)
+    completion = torch.zeros((batch, length - 1))  # (B, L-1)
+    behaviour = torch.zeros((batch, length - 1))  # (B, L-1)
+    for row, step in enumerate(steps):
+        tokens = (list(step.prompt_token_ids) + list(step.completion_token_ids))[:length]
+        kept = sequence_length(step, max_train_len)
+        tokens = tokens[:kept]
+        input_ids[row, :kept] = torch.tensor(tokens)
+        attention[row, :kept] = 1
+        first = len(step.prompt_token_ids)  # index of the first completion token in the sequence
+        n_completion = max(kept - first, 0)
+        if n_completion:
+            # target position t predicts token t+1, so completion token j sits at target index first-1+j
+            completion[row, first - 1 : first - 1 + n_completion] = 1.0
+            behaviour[row, first - 1 : first - 1 + n_completion] = torch.tensor(step.behaviour_logprobs[:n_completion])
+    rewards = torch.tensor([s.reward for s in steps], dtype=torch.float32)  # (B,)
+    return TokenBatch(input_ids, attention, completion, behaviour, rewards, list(steps))
+
+
+def pack_micro_batches(
+    steps: list[Step], token_budget: int, max_rows: int | None = None, max_train_len: int | None = None
+) -> list[list[Step]]:
+    """Split steps into micro-batches whose padded size (rows x longest) stays within `token_budget`.
+
+    Steps are sorted by length first so padding is small; a single step longer than the budget gets a
+    micro-batch of its own.
+    """
+    ordered = sorted(steps, key=lambda s: sequence_length(s, max_train_len))
+    groups: list[list[Step]] = []
+    current: list[Step] = []
+    for step in ordered:
+        longest = sequence_length(step, max_train_len)  # sorted: the newcomer is the longest
+        too_many = max_rows is not None and len(current) >= max_rows
+        if current and (too_many or (len(current) + 1) * longest > token_budget):
+            groups.append(current)
+            current = []
+        current.append(step)
+    if current:
+        groups.append(current)
+    return groups

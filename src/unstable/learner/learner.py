@@ -1,0 +1,207 @@
+"""The StandardLearner: pulls batches, lets the algorithm update the model, saves and registers checkpoints.
+
+It owns the plumbing once for every algorithm: loading the model (LoRA via PEFT, or full fine-tuning),
+micro-batching by token budget, token log-probs, gradient clipping, atomic checkpoint saving and the
+hand-off to the ModelPool, from where the next games pick the new adapter up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from unstable.algorithms.base import BaseAlgo
+from unstable.learner.batching import TokenBatch, collate, pack_micro_batches
+from unstable.records import Step
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LORA = {
+    "lora_rank": 16,
+    "lora_alpha": 32,
+    "lora_dropout": 0.0,
+    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+}
+
+
+class StandardLearner:
+    """Single-process learner. `lora_cfg=None` with `full_finetune=True` trains every weight instead of LoRA."""
+
+    def __init__(
+        self,
+        model_name: str,
+        step_buffer,
+        model_pool,
+        tracker,
+        algorithm: BaseAlgo,
+        *,
+        run_dir: str = "runs/default",
+        batch_size: int = 32,
+        mini_batch_size: int | None = None,
+        micro_batch_tokens: int = 8192,
+        learning_rate: float = 1e-5,
+        grad_clip: float = 1.0,
+        lora_cfg: dict[str, Any] | None = None,
+        full_finetune: bool = False,
+        initial_lora_path: str | None = None,
+        max_train_len: int | None = None,
+        temperature: float = 1.0,
+        device: str = "cpu",
+        dtype: str = "float32",
+        num_threads: int | None = None,
+        gradient_checkpointing: bool = False,
+        poll_interval_s: float = 0.05,
+    ):
+        self.model_name = model_name
+        self.step_buffer = step_buffer
+        self.model_pool = model_pool
+        self.tracker = tracker
+        self.algorithm = algorithm
+        self.run_dir = Path(run_dir)
+        self.batch_size = batch_size
+        self.mini_batch_size = mini_batch_size
+        self.micro_batch_tokens = micro_batch_tokens
+        self.learning_rate = learning_rate
+        self.grad_clip = grad_clip
+        self.lora_cfg = None if full_finetune else {**DEFAULT_LORA, **(lora_cfg or {})}
+        self.initial_lora_path = initial_lora_path
+        self.max_train_len = max_train_len
+        self.temperature = temperature
+        self.device = device
+        self.dtype = dtype
+        self.num_threads = num_threads
+        self.gradient_checkpointing = gradient_checkpointing
+        self.poll_interval_s = poll_interval_s
+        self.step = 0
+        self.model = None
+        self.optimizer = None
+
+    # ---- set-up -------------------------------------------------------------------------------------
+    def initialize(self) -> None:
+        """Load the model and tokenizer, wrap LoRA, build the optimizer. Idempotent."""
+        if self.model is not None:
+            return
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_name)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        model = AutoModelForCausalLM.from_pretrained(self.model_name, dtype=getattr(torch, self.dtype))
+        if self.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        self.model = self._wrap_lora(model).to(self.device)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.trainable_parameters(), lr=self.learning_rate)
+        self.algorithm.initialize(self)
+
+    def _wrap_lora(self, model):
+        if self.lora_cfg is None:
+            return model
+        from peft import LoraConfig, PeftModel, get_peft_model
+
+        if self.initial_lora_path:
+            return PeftModel.from_pretrained(model, self.initial_lora_path, is_trainable=True)
+        cfg = LoraConfig(
+            r=self.lora_cfg["lora_rank"],
+            lora_alpha=self.lora_cfg["lora_alpha"],
+            lora_dropout=self.lora_cfg["lora_dropout"],
+            target_modules=list(self.lora_cfg["target_modules"]),
+            task_type="CAUSAL_LM",
+        )
+        return get_peft_model(model, cfg)
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """Parameters the optimizer updates (LoRA weights, or all weights when fully fine-tuning)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def add_parameters(self, params) -> None:
+        """Let an algorithm train extra parameters (a value head) with the same optimizer."""
+        self.optimizer.add_param_group({"params": list(params)})
+
+    # ---- helpers for algorithms ---------------------------------------------------------------------
+    def micro_batches(self, steps: list[Step]) -> Iterator[TokenBatch]:
+        """Token-budget micro-batches of `steps`, collated and moved to the device."""
+        for group in pack_micro_batches(steps, self.micro_batch_tokens, self.mini_batch_size, self.max_train_len):
+            yield collate(group, self.pad_id, self.max_train_len).to(self.device)
+
+    def forward(self, batch: TokenBatch, output_hidden_states: bool = False):
+        """The model's forward pass on a batch."""
+        return self.model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=output_hidden_states
+        )
+
+    def token_logprobs(self, batch: TokenBatch, outputs=None) -> torch.Tensor:
+        """log softmax(logits / temperature) of each next token, `(B, L-1)`; pass `outputs` to reuse a forward."""
+        outputs = outputs if outputs is not None else self.forward(batch)
+        logits = outputs.logits[:, :-1].float() / self.temperature  # (B, L-1, V)
+        targets = batch.input_ids[:, 1:]  # (B, L-1)
+        return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, L-1)
+
+    def optimizer_step(self) -> float:
+        """Clip, step and zero the gradients; returns the pre-clip gradient norm."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm)
+
+    # ---- the loop -----------------------------------------------------------------------------------
+    def train_step(self, steps: list[Step]) -> dict[str, float]:
+        """One algorithm update on `steps`; returns its metrics plus batch statistics."""
+        self.initialize()
+        start = time.perf_counter()
+        metrics = self.algorithm.update(steps, self)
+        self.step += 1
+        rewards = [s.reward for s in steps]
+        staleness = [self.step - 1 - s.policy_version for s in steps]
+        metrics.update(
+            {
+                "learner/step": self.step,
+                "learner/batch_size": len(steps),
+                "learner/mean_reward": sum(rewards) / len(rewards),
+                "learner/mean_completion_tokens": sum(len(s.completion_token_ids) for s in steps) / len(steps),
+                "learner/staleness_mean": sum(staleness) / len(staleness),
+                "learner/staleness_max": max(staleness),
+                "learner/update_seconds": time.perf_counter() - start,
+            }
+        )
+        return metrics
+
+    def save_checkpoint(self) -> str:
+        """Write the adapter (or full model) for the current step atomically; returns its directory."""
+        final = self.run_dir / "checkpoints" / f"ckpt-{self.step}"
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.model.save_pretrained(tmp)
+        if self.lora_cfg is None:
+            self.tokenizer.save_pretrained(tmp)
+        os.replace(tmp, final) if not final.exists() else (shutil.rmtree(final), os.replace(tmp, final))
+        return str(final)
+
+    def train(self, num_steps: int) -> list[dict[str, Any]]:
+        """Run `num_steps` updates: wait for a batch, update, save, register with the pool, log a row."""
+        self.initialize()
+        rows = []
+        for _ in range(num_steps):
+            steps = self._wait_for_batch()
+            metrics = self.train_step(steps)
+            path = self.save_checkpoint()
+            self.model_pool.add_checkpoint(path=path, iteration=self.step)
+            metrics["learner/wait_seconds"] = self._last_wait
+            rows.append(self.tracker.log(metrics))
+        return rows
+
+    def _wait_for_batch(self) -> list[Step]:
+        start = time.perf_counter()
+        while self.step_buffer.size() < self.batch_size:
+            time.sleep(self.poll_interval_s)
+        self._last_wait = time.perf_counter() - start
+        return self.step_buffer.get_batch(self.batch_size)

@@ -1,0 +1,282 @@
+"""Build a tiny, randomly initialised Qwen3-style model with a game-trained tokenizer, fully offline.
+
+The result is a normal Hugging Face model directory (``config.json``, ``model.safetensors``,
+``generation_config.json`` and tokenizer files) that ``AutoModelForCausalLM``, ``AutoTokenizer``
+and vLLM load like any hub checkpoint. It exists so that the whole self-play pipeline can be run
+and tested on a CPU without downloading anything.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import random
+import re
+import shutil
+import tempfile
+from collections.abc import Iterable, Sequence
+
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+THINK_START = "<think>"
+THINK_END = "</think>"
+MAX_POSITIONS = 4096
+SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END)
+THINK_TOKENS = (THINK_START, THINK_END)
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+"""ChatML (Qwen-style) Jinja chat template: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message."""
+
+DEFAULT_ENV_IDS = (
+    "TicTacToe-v0-train",
+    "KuhnPoker-v0-train",
+    "Nim-v0-train",
+    "ConnectFour-v0-train",
+    "PigDice-v0-train",
+    "IteratedPrisonersDilemma-v0-train",
+    "SimpleNegotiation-v0-train",
+    "Poker-v0-train",
+    "LiarsDice-v0-train",
+    "Breakthrough-v0-train",
+    "Briscola-v0-train",
+    "Golf-v0-train",
+    "TruthAndDeception-v0-train",
+    "IndianPoker-v0-train",
+)
+"""Games whose text trains the tokenizer: the core games first, then others that add enough vocabulary
+to fill a 1024-token BPE. Games whose moves :func:`legal_moves` cannot read are played with ``[0]``,
+which usually ends them after an invalid move; their rules text is what matters."""
+
+_SNIPPET_REPEATS = 10  # weight of the format snippets against the game text, so they earn their own merges
+_QUOTED_MOVE = re.compile(r"'(\[[^\]]+\])'")
+_NIM_PILE = re.compile(r"pile (\d+): (\d+)")
+
+
+def _listed_moves(observation: str) -> list[str]:
+    """Moves quoted on the last ``Available Moves:`` / ``available actions`` line, if any."""
+    lines = [line for line in observation.splitlines() if re.search(r"available (moves|actions)", line, re.IGNORECASE)]
+    return _QUOTED_MOVE.findall(lines[-1]) if lines else []
+
+
+def _nim_moves(observation: str) -> list[str]:
+    """Legal ``[pile quantity]`` moves read from the last ``Current Pile:`` block of a Nim observation."""
+    block = observation.rpartition("Current Pile:")[2]
+    return [f"[{pile} {q}]" for pile, size in _NIM_PILE.findall(block) for q in range(1, int(size) + 1)]
+
+
+def _connect_four_moves(observation: str) -> list[str]:
+    """``[col c]`` for every column whose top cell is empty in the last Connect Four board."""
+    rows = observation.rpartition("Board state:")[2].split("-------------")[-1].split()
+    return [f"[col {col}]" for col, cell in enumerate(rows[:7]) if cell == "."]
+
+
+def legal_moves(observation: str) -> list[str]:
+    """Best-effort list of legal action strings for the current player, parsed from the observation text.
+
+    Understands the ``Available Moves: '[0]', ...`` and ``Your available actions are: '[check]', ...``
+    lines of most TextArena games, plus the board/pile layouts of Nim and Connect Four, which list no
+    moves. Returns an empty list when nothing is recognised.
+    """
+    if moves := _listed_moves(observation):
+        return moves
+    if "Current Pile:" in observation:
+        return _nim_moves(observation)
+    if "Board state:" in observation:
+        return _connect_four_moves(observation)
+    return []
+
+
+def _play_random_game(env_id: str, rng: random.Random, max_turns: int) -> list[str]:
+    """Play one two-player game with uniformly random legal moves (at most ``max_turns`` turns).
+
+    Returns every action plus the last observation each player saw; TextArena's ``-train``
+    observations already hold the whole game so far, so earlier ones would only repeat text.
+    """
+    import textarena
+
+    env = textarena.make(env_id)
+    env.reset(num_players=2, seed=rng.randrange(2**31))
+    last_seen, actions = {}, []
+    for _ in range(max_turns):
+        player_id, observation = env.get_observation()
+        last_seen[player_id] = observation
+        actions.append(rng.choice(legal_moves(observation) or ["[0]"]))
+        done, _ = env.step(actions[-1])
+        if done:
+            break
+    env.close()
+    return [*last_seen.values(), *actions]
+
+
+def game_corpus(
+    env_ids: Sequence[str] = DEFAULT_ENV_IDS, *, games_per_env: int = 30, max_turns: int = 24, seed: int = 0
+) -> list[str]:
+    """Text from random-play TextArena games: the players' final observations and all actions, game by game.
+
+    Deterministic for a given ``seed``. TextArena reseeds the global ``random`` module on every reset,
+    so its state is saved and restored around the games.
+    """
+    rng = random.Random(seed)
+    global_state = random.getstate()
+    try:
+        return [
+            text
+            for env_id in env_ids
+            for _ in range(games_per_env)
+            for text in _play_random_game(env_id, rng, max_turns)
+        ]
+    finally:
+        random.setstate(global_state)
+
+
+def _format_snippets() -> list[str]:
+    """Action, answer-format and chat strings the model will read and emit during self-play."""
+    actions = [f"[{i}]" for i in range(10)] + [f"[col {i}]" for i in range(7)]
+    actions += [f"[{pile} {q}]" for pile in range(3) for q in range(1, 8)] + ["[check]", "[bet]", "[call]", "[fold]"]
+    answers = [
+        f"{THINK_START}\nI will play {a} because it is a legal move.\n{THINK_END}\n\\boxed{{{a}}}" for a in actions
+    ]
+    prompt = (
+        "You are playing a two-player zero-sum game. Make valid actions to win.\nObservation: Your move.\n"
+        "Please reason step by step, and put your final answer within \\boxed{}."
+    )
+    chats = [f"{IM_START}user\n{prompt}{IM_END}\n{IM_START}assistant\n{answer}{IM_END}\n" for answer in answers]
+    return actions + [f"\\boxed{{{a}}}" for a in actions] + chats
+
+
+def _train_tokenizer(texts: Iterable[str], vocab_size: int):
+    """Train a byte-level BPE ``tokenizers.Tokenizer`` with the ChatML special tokens and ``<think>`` tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[*SPECIAL_TOKENS, *THINK_TOKENS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    # As in Qwen3, <think> and </think> keep their ids but are not "special", so decoding with
+    # skip_special_tokens=True keeps the reasoning markers.
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
+    return tokenizer
+
+
+def build_tokenizer(vocab_size: int = 1024, corpus: Iterable[str] | None = None, seed: int = 0):
+    """Train the tiny model's tokenizer and wrap it as a left-padding ``PreTrainedTokenizerFast``.
+
+    ``corpus`` replaces the generated random-play game text (whose games ``seed`` picks); the
+    action/``\\boxed{}``/``<think>``/chat snippets are always added so those strings tokenize compactly.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    texts = list(game_corpus(seed=seed) if corpus is None else corpus) + _format_snippets() * _SNIPPET_REPEATS
+    return PreTrainedTokenizerFast(
+        tokenizer_object=_train_tokenizer(texts, vocab_size),
+        pad_token=PAD_TOKEN,
+        eos_token=IM_END,
+        padding_side="left",
+        chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+        model_max_length=MAX_POSITIONS,
+    )
+
+
+def _build_model(tokenizer, seed: int, **sizes):
+    """A randomly initialised float32 ``Qwen3ForCausalLM`` sized by ``sizes``, seeded with ``seed``."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    pad_id = tokenizer.pad_token_id
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        tie_word_embeddings=True,
+        max_position_embeddings=MAX_POSITIONS,
+        dtype="float32",
+        bos_token_id=pad_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=pad_id,
+        **sizes,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig(
+        bos_token_id=pad_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad_id
+    )
+    return model
+
+
+def _move_into_place(built: pathlib.Path, out_dir: pathlib.Path) -> None:
+    """Rename the finished ``built`` directory to ``out_dir``, replacing any previous build there."""
+    if out_dir.exists():
+        stale = pathlib.Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+        os.replace(out_dir, stale / out_dir.name)
+        os.replace(built, out_dir)
+        shutil.rmtree(stale)
+    else:
+        os.replace(built, out_dir)
+
+
+def build_tiny_model(
+    out_dir: str | os.PathLike,
+    *,
+    vocab_size: int = 1024,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int = 32,
+    intermediate_size: int = 256,
+    seed: int = 0,
+    corpus: Iterable[str] | None = None,
+) -> pathlib.Path:
+    """Build a tiny random-weight Qwen3 model plus tokenizer into ``out_dir`` and return its path.
+
+    The tokenizer is a byte-level BPE with at most ``vocab_size`` tokens, trained on random-play
+    TextArena games (or on ``corpus`` when given; see :func:`build_tokenizer`); the model's vocabulary
+    equals the tokenizer's. Weights are deterministic for a given ``seed``. ``head_dim`` must be at
+    least 32 (vLLM's CPU attention backend supports head sizes 32, 64, 80, ...). The model is written
+    to a temporary sibling directory and renamed into place, so ``out_dir`` is never half-built; an
+    existing ``out_dir`` is replaced.
+    """
+    if head_dim < 32:
+        raise ValueError(f"head_dim must be >= 32 for vLLM's CPU attention, got {head_dim}")
+    out_dir = pathlib.Path(out_dir).resolve()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(vocab_size, corpus, seed)
+    model = _build_model(
+        tokenizer,
+        seed,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate_size,
+    )
+    building = pathlib.Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
+    try:
+        tokenizer.save_pretrained(building)
+        model.save_pretrained(building, safe_serialization=True)
+        building.chmod(0o755)  # mkdtemp makes it owner-only
+        _move_into_place(building, out_dir)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return out_dir
+
+
+def ensure_tiny_model(out_dir: str | os.PathLike, **kwargs) -> pathlib.Path:
+    """Return ``out_dir``, first building it with :func:`build_tiny_model` if it has no ``config.json``."""
+    out_dir = pathlib.Path(out_dir).resolve()
+    if (out_dir / "config.json").is_file():
+        return out_dir
+    return build_tiny_model(out_dir, **kwargs)

@@ -1,0 +1,106 @@
+"""Typed records that cross component boundaries: one model decision, one finished game, checkpoints.
+
+Data flows one way: a game produces a `GameRecord` holding `Step`s; the buffer turns steps into training
+samples (a `Step` with its `reward` filled in); the learner turns samples into a batch and a loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """A game to play: TextArena env id, number of players and the prompt template to render it with."""
+
+    env_id: str
+    num_players: int = 2
+    prompt_template: str = "qwen3-zs"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A policy the inference engine can serve: `uid` names it, `path` is its LoRA adapter (None = base model)."""
+
+    uid: str
+    path: str | None = None
+    version: int = 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What an agent returns for one observation: the action to submit plus, for model agents, the tokens."""
+
+    action: str
+    raw_output: str = ""
+    prompt: str = ""
+    prompt_token_ids: tuple[int, ...] = ()
+    completion_token_ids: tuple[int, ...] = ()
+    behaviour_logprobs: tuple[float, ...] = ()
+    format_ok: bool = True
+    checkpoint: Checkpoint | None = None
+    generation_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Step:
+    """One decision of one player in one game, with everything the learner needs to score it exactly.
+
+    `prompt_token_ids` and `completion_token_ids` are the tokens the model actually saw and produced, and
+    `behaviour_logprobs[i]` is the log-probability the sampling policy gave `completion_token_ids[i]`. The
+    learner trains on these tokens as they are, never re-tokenising text. `reward` is set by the StepBuffer.
+    """
+
+    env_id: str
+    player_id: int
+    turn: int
+    observation: str
+    action: str
+    raw_output: str = ""
+    prompt: str = ""
+    prompt_token_ids: tuple[int, ...] = ()
+    completion_token_ids: tuple[int, ...] = ()
+    behaviour_logprobs: tuple[float, ...] = ()
+    format_ok: bool = True
+    invalid_move: bool = False
+    checkpoint_uid: str | None = None
+    policy_version: int = 0
+    generation_seconds: float = 0.0
+    reward: float = 0.0
+
+    @property
+    def has_tokens(self) -> bool:
+        """True when the step came from a model and carries token ids the learner can train on."""
+        return len(self.completion_token_ids) > 0
+
+
+@dataclass(frozen=True)
+class GameRecord:
+    """One finished (or failed) game: who played which seat, every step, and TextArena's final result."""
+
+    env_id: str
+    seed: int
+    players: dict[int, str]
+    steps: tuple[Step, ...]
+    rewards: dict[int, float]
+    game_info: dict[int, dict[str, Any]] = field(default_factory=dict)
+    is_eval: bool = False
+    learner_player_ids: tuple[int, ...] = ()
+    error: str | None = None
+    truncated: bool = False
+    wall_seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        """True when the game did not reach a result (env crash, agent crash or missing rewards)."""
+        return self.error is not None
+
+    def outcome(self, player_id: int) -> str:
+        """'win', 'draw' or 'loss' for the given seat, judged against the best reward at the table."""
+        mine = self.rewards[player_id]
+        others = [r for pid, r in self.rewards.items() if pid != player_id]
+        if not others:
+            return "win" if mine > 0 else "draw" if mine == 0 else "loss"
+        best_other = max(others)
+        return "win" if mine > best_other else "draw" if mine == best_other else "loss"

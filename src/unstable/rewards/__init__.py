@@ -1,0 +1,33 @@
+"""Reward transforms: final (game level), step (shaping) and sampling (batch level) stages."""
+
+from unstable.rewards.transforms import (
+    ComposeFinalRewardTransforms,
+    ComposeSamplingRewardTransforms,
+    ComposeStepRewardTransforms,
+    FinalRewardTransform,
+    SamplingRewardTransform,
+    StepRewardTransform,
+    WinDrawLossFormatter,
+)
+
+TRANSFORMS = {cls.__name__: cls for cls in (WinDrawLossFormatter,)}
+
+
+def build_transform(name: str, args: dict | None = None):
+    """Instantiate a reward transform by class name; unknown names raise with the valid ones."""
+    if name not in TRANSFORMS:
+        raise ValueError(f"unknown reward transform {name!r}; valid: {sorted(TRANSFORMS)}")
+    return TRANSFORMS[name](**(args or {}))
+
+
+__all__ = [
+    "TRANSFORMS",
+    "build_transform",
+    "ComposeFinalRewardTransforms",
+    "ComposeSamplingRewardTransforms",
+    "ComposeStepRewardTransforms",
+    "FinalRewardTransform",
+    "SamplingRewardTransform",
+    "StepRewardTransform",
+    "WinDrawLossFormatter",
+]

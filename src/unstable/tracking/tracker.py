@@ -1,0 +1,93 @@
+"""The Tracker: collects game summaries and component metrics, writes one JSONL row per learner step."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from unstable.records import GameRecord
+
+
+def summarize_game(record: GameRecord) -> dict[str, Any]:
+    """The few numbers the tracker needs from a game (so whole records never travel to it)."""
+    steps = [s for s in record.steps if s.player_id in record.learner_player_ids]
+    outcome = None
+    if not record.failed and record.learner_player_ids:
+        outcome = record.outcome(record.learner_player_ids[0])
+    return {
+        "env_id": record.env_id,
+        "is_eval": record.is_eval,
+        "failed": record.failed,
+        "truncated": record.truncated,
+        "outcome": outcome,
+        "opponent": next((a for p, a in record.players.items() if p not in record.learner_player_ids), None),
+        "turns": len(record.steps),
+        "learner_steps": len(steps),
+        "format_ok": sum(s.format_ok for s in steps),
+        "invalid_moves": sum(s.invalid_move for s in steps),
+        "generated_tokens": sum(len(s.completion_token_ids) for s in record.steps),
+        "wall_seconds": record.wall_seconds,
+    }
+
+
+class Tracker:
+    """Aggregates game summaries over a window and writes metrics to `run_dir/metrics.jsonl`.
+
+    `log(metrics)` closes the window: it adds the window's collector aggregates (games/s, tokens/s, format
+    and invalid-move rates, eval W/D/L) to `metrics`, appends the row to the JSONL file and returns it.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        self.start = time.time()
+        self.totals: Counter = Counter()
+        self.rows: list[dict[str, Any]] = []
+        self._window_games: list[dict[str, Any]] = []
+        self._window_start = time.time()
+
+    def add_game(self, summary: dict[str, Any]) -> None:
+        """Record one finished game's summary (see `summarize_game`)."""
+        self._window_games.append(summary)
+        self.totals["eval_games" if summary["is_eval"] else "train_games"] += 1
+        self.totals["failed_games"] += summary["failed"]
+
+    def log(self, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write one row: `metrics` plus the collector aggregates of the window since the last row."""
+        now = time.time()
+        row = {"time": now - self.start, **(metrics or {}), **self._window_aggregates(now)}
+        row.update({f"total/{k}": v for k, v in self.totals.items()})
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        self.rows.append(row)
+        self._window_games = []
+        self._window_start = now
+        return row
+
+    def latest(self) -> dict[str, Any]:
+        """The last row written (empty before the first)."""
+        return self.rows[-1] if self.rows else {}
+
+    def _window_aggregates(self, now: float) -> dict[str, float]:
+        elapsed = max(now - self._window_start, 1e-9)
+        train = [g for g in self._window_games if not g["is_eval"] and not g["failed"]]
+        evals = [g for g in self._window_games if g["is_eval"] and not g["failed"]]
+        decisions = sum(g["learner_steps"] for g in train)
+        out = {
+            "collector/games_per_s": len(train) / elapsed,
+            "collector/tokens_per_s": sum(g["generated_tokens"] for g in self._window_games) / elapsed,
+            "collector/train_games": len(train),
+            "collector/failed_games": sum(g["failed"] for g in self._window_games),
+            "collector/mean_turns": sum(g["turns"] for g in train) / max(len(train), 1),
+            "collector/format_ok_rate": sum(g["format_ok"] for g in train) / max(decisions, 1),
+            "collector/invalid_move_rate": sum(g["invalid_moves"] for g in train) / max(decisions, 1),
+            "eval/games": len(evals),
+        }
+        for outcome in ("win", "draw", "loss"):
+            out[f"eval/{outcome}_rate"] = sum(g["outcome"] == outcome for g in evals) / max(len(evals), 1)
+        return out

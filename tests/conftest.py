@@ -1,0 +1,21 @@
+"""Shared fixtures: offline hub settings and one tiny model built per test session."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """A tiny random Qwen3 model with a game-trained tokenizer (built once per session)."""
+    from unstable.models.tiny import ensure_tiny_model
+
+    return str(ensure_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen3"))

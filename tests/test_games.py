@@ -1,0 +1,100 @@
+"""Games: action extraction, templates, env-id validation and `play_episode` with real TextArena envs."""
+
+import logging
+
+import pytest
+
+from unstable.agents.base import Agent
+from unstable.agents.scripted import RandomAgent
+from unstable.games import extract_action, get_template, play_episode, validate_env_id
+from unstable.records import Decision, EnvSpec
+
+TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
+
+
+@pytest.mark.parametrize(
+    ("text", "action", "ok"),
+    [
+        ("I think... \\boxed{[4]}", "[4]", True),
+        ("\\boxed{4}", "[4]", True),
+        ("first \\boxed{[1]} then \\boxed{[7]}", "[7]", True),
+        ("I play [3] now", "[3]", True),
+        ("\\boxed{bet}", "[bet]", True),
+        ("no idea at all", "no idea at all", False),
+        ("", "", False),
+    ],
+)
+def test_extract_action(text, action, ok):
+    assert extract_action(text) == (action, ok)
+
+
+def test_templates_render_and_unknown_names_fail():
+    prompt = get_template("qwen3-zs").render("board here")
+    assert prompt.startswith("<|im_start|>user") and "board here" in prompt and prompt.endswith("assistant\n")
+    assert get_template("plain").render("obs").startswith("obs")
+    with pytest.raises(ValueError, match="valid: \\['default', 'plain', 'qwen3-zs'\\]"):
+        get_template("chatml")
+
+
+def test_unknown_env_id_names_close_matches():
+    assert validate_env_id("TicTacToe-v0-train") == "TicTacToe-v0-train"
+    with pytest.raises(ValueError, match="TicTacToe-v0-train"):
+        validate_env_id("TicTacToe-v0-trian")
+
+
+def test_full_game_between_two_random_agents():
+    record = play_episode(TICTACTOE, {0: RandomAgent(1), 1: RandomAgent(2)}, seed=3, learner_player_ids=(0,))
+    assert not record.failed and not record.truncated
+    assert sorted(record.rewards) == [0, 1]
+    assert len(record.steps) >= 5
+    assert [s.player_id for s in record.steps[:2]] == [0, 1]
+    assert all(not s.invalid_move for s in record.steps)
+    assert record.outcome(0) in {"win", "draw", "loss"}
+
+
+class _Garbage(Agent):
+    name = "garbage"
+
+    def act(self, observation):
+        return Decision(action="I refuse to play", format_ok=False)
+
+
+def test_malformed_output_becomes_invalid_moves_and_a_loss():
+    record = play_episode(TICTACTOE, {0: _Garbage(), 1: RandomAgent(0)}, seed=0)
+    assert not record.failed
+    assert record.rewards[0] == -1 and record.rewards[1] == 1
+    garbage_steps = [s for s in record.steps if s.player_id == 0]
+    assert len(garbage_steps) == 2 and all(s.invalid_move for s in garbage_steps)
+
+
+class _Crash(Agent):
+    name = "crash"
+
+    def act(self, observation):
+        raise RuntimeError("model server went away")
+
+
+def test_crashing_agent_or_env_yields_failed_record(caplog, monkeypatch):
+    with caplog.at_level(logging.ERROR):
+        record = play_episode(TICTACTOE, {0: RandomAgent(0), 1: _Crash()}, seed=0)
+    assert record.failed and "model server went away" in record.error
+    assert "failed" in caplog.text
+
+    import textarena
+
+    original_make = textarena.make
+
+    def make_broken(env_id):
+        env = original_make(env_id)
+        env.step = lambda action: (_ for _ in ()).throw(TypeError("'NoneType' object is not subscriptable"))
+        return env
+
+    monkeypatch.setattr(textarena, "make", make_broken)
+    record = play_episode(TICTACTOE, {0: RandomAgent(0), 1: RandomAgent(1)}, seed=0)
+    assert record.failed and "NoneType" in record.error and record.rewards == {}
+
+
+def test_turn_cap_truncates_as_draw():
+    record = play_episode(TICTACTOE, {0: RandomAgent(0), 1: RandomAgent(1)}, seed=0, max_turns=3)
+    assert record.truncated and not record.failed
+    assert record.rewards == {0: 0.0, 1: 0.0} and len(record.steps) == 3

@@ -1,0 +1,134 @@
+"""Pure logic without models or Ray: ratings, opponent sampling, the StepBuffer, reward transforms, Tracker."""
+
+import json
+
+import pytest
+
+import unstable.reward_transformations as retra
+from unstable.buffer import StepBuffer
+from unstable.pool import ModelPool, RatingSystem
+from unstable.records import GameRecord, Step
+from unstable.tracking import Tracker, summarize_game
+
+
+def _step(pid, turn, tokens=(5, 6)):
+    return Step(
+        env_id="TicTacToe-v0-train",
+        player_id=pid,
+        turn=turn,
+        observation="o",
+        action="[1]",
+        prompt_token_ids=(1, 2, 3),
+        completion_token_ids=tokens,
+        behaviour_logprobs=(-0.5,) * len(tokens),
+    )
+
+
+def _game(rewards, learner_ids=(0, 1), players=None, **kw):
+    steps = tuple(_step(t % 2, t) for t in range(4))
+    return GameRecord(
+        "TicTacToe-v0-train",
+        0,
+        players or {0: "ckpt-0", 1: "ckpt-0"},
+        steps,
+        rewards,
+        learner_player_ids=learner_ids,
+        **kw,
+    )
+
+
+@pytest.mark.parametrize("backend", ["openskill", "trueskill"])
+def test_rating_updates_move_winner_up(backend):
+    ratings = RatingSystem(backend)
+    assert ratings.win_probability("a", "b") == pytest.approx(0.5)
+    for _ in range(5):
+        ratings.rate({"a": 1.0, "b": -1.0})
+    assert ratings.get("a").mu > 25 > ratings.get("b").mu
+    assert ratings.get("a").sigma < 25 / 3
+    assert ratings.win_probability("a", "b") > 0.8
+    before = ratings.get("a")
+    ratings.rate({"a": 0.0, "a2": 0.0})  # a draw moves both toward each other
+    assert ratings.get("a").mu < before.mu
+
+
+def test_unknown_rating_backend():
+    with pytest.raises(ValueError, match="openskill"):
+        RatingSystem("elo")
+
+
+def test_pool_mirror_fixed_and_ratings():
+    pool = ModelPool(sample_mode="mirror")
+    with pytest.raises(RuntimeError, match="add_checkpoint"):
+        pool.latest()
+    base = pool.add_checkpoint(path=None, iteration=-1)
+    assert pool.sample_opponent().checkpoint == base
+    pool.record_game(_game({0: 1, 1: -1}, players={0: "ckpt--1", 1: "random"}))
+    assert pool.ratings.get("ckpt--1").mu > pool.ratings.get("random").mu
+    new = pool.add_checkpoint(path="/tmp/x", iteration=0)
+    assert pool.latest() == new and new.version == 0
+    assert pool.ratings.get(new.uid).mu == pytest.approx(pool.ratings.get(base.uid).mu)
+
+    fixed = ModelPool(sample_mode="fixed", fixed_opponents=["random"])
+    fixed.add_checkpoint(None, -1)
+    assert fixed.sample_opponent().fixed == "random"
+    with pytest.raises(ValueError, match="fixed_opponents"):
+        ModelPool(sample_mode="fixed")
+    with pytest.raises(ValueError, match="mirror"):
+        ModelPool(sample_mode="best")
+
+
+def test_failed_game_changes_no_rating():
+    pool = ModelPool()
+    pool.add_checkpoint(None, -1)
+    pool.record_game(_game({}, error="boom"))
+    assert pool.games_played == 0 and pool.ratings.ratings == {}
+
+
+def test_buffer_applies_final_and_step_transforms_without_mutation():
+    class ShapedWinBonus(retra.FinalRewardTransform):  # the seed's example, verbatim
+        def __call__(self, x, env_id=None):
+            return {pid: r + 0.1 if r > 0 else r for pid, r in x.items()}
+
+    buffer = StepBuffer(
+        max_buffer_size=10,
+        final_reward_transformation=retra.ComposeFinalRewardTransforms(
+            [retra.WinDrawLossFormatter(), ShapedWinBonus()]
+        ),
+    )
+    game = _game({0: 3.0, 1: -2.0})
+    assert buffer.add_game(game) == 4
+    assert all(s.reward == 0.0 for s in game.steps)  # the record is untouched
+    batch = buffer.get_batch(4)
+    assert sorted(s.reward for s in batch) == [-1.0, -1.0, 1.1, 1.1]
+    assert buffer.size() == 0
+
+
+def test_buffer_keeps_only_learner_steps_with_tokens_and_skips_failed_and_eval():
+    buffer = StepBuffer(max_buffer_size=3, final_reward_transformation=retra.WinDrawLossFormatter())
+    assert buffer.add_game(_game({0: 1, 1: -1}, learner_ids=(1,))) == 2
+    assert {s.player_id for s in buffer.steps} == {1}
+    assert buffer.add_game(_game({}, error="crash")) == 0
+    assert buffer.add_game(_game({0: 1, 1: -1}, is_eval=True)) == 0
+    buffer.add_game(_game({0: 0, 1: 0}))  # 4 more steps into a buffer of 3: oldest dropped
+    assert buffer.size() == 3 and buffer.counters["steps_dropped"] == 3
+    with pytest.raises(ValueError, match="holds 3"):
+        buffer.get_batch(5)
+
+
+def test_win_draw_loss_formatter():
+    fmt = retra.WinDrawLossFormatter()
+    assert fmt({0: 1, 1: -1}) == {0: 1.0, 1: -1.0}
+    assert fmt({0: 0.0, 1: 0.0}) == {0: 0.0, 1: 0.0}
+    assert fmt({0: 5, 1: 2, 2: 2}) == {0: 1.0, 1: -1.0, 2: -1.0}
+
+
+def test_tracker_writes_jsonl_rows_with_window_aggregates(tmp_path):
+    tracker = Tracker(tmp_path)
+    tracker.add_game(summarize_game(_game({0: 1, 1: -1}, learner_ids=(0,), wall_seconds=0.1)))
+    tracker.add_game(summarize_game(_game({0: -1, 1: 1}, learner_ids=(0,), is_eval=True)))
+    row = tracker.log({"learner/step": 1})
+    assert row["collector/train_games"] == 1 and row["eval/games"] == 1 and row["eval/loss_rate"] == 1.0
+    assert row["collector/format_ok_rate"] == 1.0
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["learner/step"] == 1
+    assert tracker.log()["collector/train_games"] == 0  # the window was reset
