@@ -208,6 +208,7 @@ def train(cfg: RunConfig, on_row: Callable[[dict[str, Any]], None] = lambda row:
 
         eval_start = outcome_table(ray.get(collector.evaluate.remote(cfg.evaluation.games_at_start)))
         ray.get(learner_ready)
+        on_row(ray.get(tracker.log.remote({"learner/step": 0})))  # row 0: the initial policy's evaluation
         collecting = collector.collect.remote(cfg.collector.num_workers, cfg.collector.num_eval_workers)
         for _ in range(learner_cfg.num_steps):
             row = ray.get(learner.train.remote(1))[0]
@@ -237,4 +238,5 @@ def _chat_tokenizer(cfg: RunConfig, model_path: str):
 def _forwarded_env() -> dict[str, str]:
     """Environment variables the actors must see (offline hub, vLLM CPU settings, thread counts)."""
     prefixes = ("HF_", "TRANSFORMERS_", "VLLM_", "OMP_", "TOKENIZERS_")
-    return {k: v for k, v in os.environ.items() if k.startswith(prefixes)}
+    quiet = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    return quiet | {k: v for k, v in os.environ.items() if k.startswith(prefixes)}

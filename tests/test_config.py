@@ -1,0 +1,59 @@
+"""Config loading: YAML and overrides validate, and every error names the field, the value and the rule."""
+
+from pathlib import Path
+
+import pytest
+
+from unstable.config import ConfigError, load_config, validate_config
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "tictactoe-tiny.yaml"
+
+
+def _minimal(**sections):
+    data = {"model": {"path": "m"}, "collector": {"training_envs": [["TicTacToe-v0-train", 2, "qwen3-zs"]]}}
+    for key, value in sections.items():
+        data.setdefault(key, {}).update(value)
+    return data
+
+
+def test_example_config_loads_with_overrides():
+    cfg = load_config(EXAMPLE, ["learner.num_steps=3", "run.name=x"])
+    assert cfg.learner.num_steps == 3 and cfg.run.name == "x"
+    spec = cfg.collector.training_envs[0].to_spec()
+    assert (spec.env_id, spec.num_players, spec.prompt_template) == ("TicTacToe-v0-train", 2, "qwen3-zs")
+
+
+@pytest.mark.parametrize(
+    ("sections", "expected"),
+    [
+        ({"collector": {"training_envs": [["TicTacToe-v9", 2, "qwen3-zs"]]}}, "collector.training_envs.0.env_id"),
+        ({"collector": {"training_envs": [["TicTacToe-v0-train", 2, "chatml"]]}}, "'default', 'plain', 'qwen3-zs'"),
+        ({"learner": {"batch_size": 0}}, "learner.batch_size = 0"),
+        ({"learner": {"algorithm": {"name": "dpo"}}}, "unknown algorithm 'dpo'; valid:"),
+        ({"inference": {"backend": "tgi"}}, "inference.backend = 'tgi'"),
+        ({"pool": {"sample_mode": "fixed"}}, "fixed_opponents"),
+        ({"pool": {"fixed_opponents": ["grandmaster"]}}, "grandmaster"),
+        ({"buffer": {"final_reward_transforms": [{"name": "Nope"}]}}, "unknown reward transform 'Nope'"),
+        ({"learner": {"batch_sise": 3}}, "learner.batch_sise = 3: Extra inputs are not permitted"),
+    ],
+)
+def test_bad_values_name_the_field(sections, expected):
+    with pytest.raises(ConfigError) as err:
+        validate_config(_minimal(**sections))
+    assert expected in str(err.value)
+
+
+def test_missing_file_and_bad_override(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="key.path=value"):
+        load_config(EXAMPLE, ["learner.num_steps"])
+
+
+def test_cli_reports_config_errors_without_traceback(tmp_path, capsys):
+    from unstable.cli.main import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {path: m}\ncollector: {training_envs: [[Nope-v0, 2, qwen3-zs]]}\n")
+    assert main(["train", str(bad)]) == 2
+    assert "collector.training_envs.0.env_id = 'Nope-v0'" in capsys.readouterr().err

@@ -1,0 +1,35 @@
+"""The whole loop through Ray: collector, buffer, pool, inference actor and learner run concurrently."""
+
+import json
+
+from unstable.config import load_config
+from unstable.runtime import train
+
+from .test_config import EXAMPLE
+
+
+def test_two_learner_steps_through_ray(tiny_model_dir, tmp_path):
+    overrides = [
+        f"run.dir={tmp_path}",
+        "run.name=ray-smoke",
+        f"model.path={tiny_model_dir}",
+        "model.build_tiny_if_missing=false",
+        "learner.num_steps=2",
+        "learner.batch_size=8",
+        "collector.num_workers=4",
+        "collector.num_eval_workers=1",
+        "inference.max_new_tokens=8",
+        "evaluation.games_at_start=4",
+        "evaluation.games_at_end=4",
+    ]
+    rows = []
+    summary = train(load_config(EXAMPLE, overrides), on_row=rows.append)
+    assert summary.learner_steps == 2 and summary.train_games >= 1
+    assert summary.eval_start["games"] + summary.eval_start["failed"] == 4
+    assert [r["learner/step"] for r in rows] == [0, 1, 2]
+    assert rows[-1]["inference/generated_tokens"] > 0
+    run_dir = tmp_path / "ray-smoke"
+    assert (run_dir / "checkpoints" / "ckpt-2" / "adapter_model.safetensors").exists()
+    assert (run_dir / "config.yaml").exists()
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1]["final"] is True and "eval_end" in lines[-1]
