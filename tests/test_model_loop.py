@@ -141,3 +141,33 @@ def test_server_evicts_least_recently_used_adapter(tiny_model_dir, tmp_path):
     server.generate(GenerationRequest(PROMPT, paths[0]))  # evicted one comes back from its path
     assert backend.adapters == {"a2", "a0"}
     server.stop()
+
+
+def test_full_finetuning_checkpoint_replaces_served_weights(tiny_model_dir, tmp_path):
+    pool = ModelPool()
+    base = pool.add_checkpoint(None, -1)
+    backend = TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=6, temperature=0.0))
+    server = InferenceServer(lambda: backend, batch_wait_ms=0)
+    server.start()
+    buffer = StepBuffer(32, final_reward_transformation=WinDrawLossFormatter())
+    for seed in range(3):
+        agents = {0: PolicyAgent(server, base, get_template("qwen3-zs")), 1: RandomAgent(seed)}
+        buffer.add_game(play_episode(TICTACTOE, agents, seed, learner_player_ids=(0,)))
+    learner = StandardLearner(
+        tiny_model_dir,
+        buffer,
+        pool,
+        Tracker(tmp_path),
+        Reinforce(),
+        run_dir=str(tmp_path),
+        batch_size=3,
+        learning_rate=0.05,
+        full_finetune=True,
+    )
+    before = server.generate(GenerationRequest(PROMPT, base))
+    learner.train(1)
+    new = pool.latest()
+    assert new.kind == "full" and (tmp_path / "checkpoints" / "ckpt-1" / "model.safetensors").exists()
+    after = server.generate(GenerationRequest(PROMPT, new))
+    assert after.logprobs != pytest.approx(before.logprobs, abs=1e-6)
+    server.stop()

@@ -21,11 +21,21 @@ class EnvSpec:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A policy the inference engine can serve: `uid` names it, `path` is its LoRA adapter (None = base model)."""
+    """A policy the inference engine can serve, named by `uid`.
+
+    `kind="lora"`: `path` is a PEFT adapter directory (None = the base model). `kind="full"`: `path` is a whole
+    fine-tuned model that replaces the engine's base weights (only the newest full checkpoint is servable).
+    """
 
     uid: str
     path: str | None = None
     version: int = 0
+    kind: str = "lora"
+
+    @property
+    def is_adapter(self) -> bool:
+        """True when serving this checkpoint means applying a LoRA adapter."""
+        return self.kind == "lora" and self.path is not None
 
 
 @dataclass(frozen=True)

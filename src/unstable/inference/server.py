@@ -39,6 +39,7 @@ class InferenceServer:
         self.max_loras = max_loras
         self._queue: queue.Queue[tuple[GenerationRequest, Future]] = queue.Queue()
         self._resident: OrderedDict[str, Checkpoint] = OrderedDict()
+        self._full_weights_uid: str | None = None
         self._counters = _Counters()
         self._backend: InferenceBackend | None = None
         self._worker: threading.Thread | None = None
@@ -102,7 +103,9 @@ class InferenceServer:
         requests = [request for request, _ in batch]
         start = time.perf_counter()
         try:
-            self._make_resident([r.checkpoint for r in requests if r.checkpoint and r.checkpoint.path])
+            checkpoints = [r.checkpoint for r in requests if r.checkpoint is not None]
+            self._sync_full_weights([c for c in checkpoints if c.kind == "full"])
+            self._make_resident([c for c in checkpoints if c.is_adapter])
             results = self._backend.generate(requests)
         except Exception as exc:  # noqa: BLE001 - the callers see the error through their futures
             log.exception("inference batch of %d failed", len(batch))
@@ -112,6 +115,15 @@ class InferenceServer:
         self._counters.add(results, time.perf_counter() - start)
         for (_, future), result in zip(batch, results):
             future.set_result(result)
+
+    def _sync_full_weights(self, checkpoints: list[Checkpoint]) -> None:
+        """Full fine-tuning: load the newest full checkpoint named by the batch into the base weights once."""
+        if not checkpoints:
+            return
+        newest = max(checkpoints, key=lambda c: c.version)
+        if newest.uid != self._full_weights_uid:
+            self._backend.load_weights(newest.path)
+            self._full_weights_uid = newest.uid
 
     def _make_resident(self, checkpoints: list[Checkpoint]) -> None:
         needed = {c.uid: c for c in checkpoints}

@@ -59,9 +59,10 @@ class TransformersBackend(InferenceBackend):
         """Load full fine-tuned weights (a `save_pretrained` directory) into the base model in place."""
         from transformers import AutoModelForCausalLM
 
+        if self.adapters:
+            raise RuntimeError("full-weight sync while LoRA adapters are loaded is not supported")
         new_state = AutoModelForCausalLM.from_pretrained(path, dtype=self.model.dtype).state_dict()
-        base = self.model.get_base_model() if self.adapters else self.model
-        base.load_state_dict(new_state, strict=False)
+        self.model.load_state_dict(new_state)
 
     @torch.no_grad()
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
@@ -83,7 +84,7 @@ class TransformersBackend(InferenceBackend):
 
     def _adapter_name(self, request: GenerationRequest) -> str:
         ckpt = request.checkpoint
-        if ckpt is None or ckpt.path is None:
+        if ckpt is None or not ckpt.is_adapter:
             return BASE_ADAPTER
         if ckpt.uid not in self.adapters:
             raise KeyError(f"adapter {ckpt.uid!r} is not loaded; call load_adapter first")

@@ -183,7 +183,9 @@ class StandardLearner:
         self.model.save_pretrained(tmp)
         if self.lora_cfg is None:
             self.tokenizer.save_pretrained(tmp)
-        os.replace(tmp, final) if not final.exists() else (shutil.rmtree(final), os.replace(tmp, final))
+        if final.exists():  # a re-run into the same directory replaces the old checkpoint
+            shutil.rmtree(final)
+        os.replace(tmp, final)
         return str(final)
 
     def train(self, num_steps: int) -> list[dict[str, Any]]:
@@ -191,17 +193,17 @@ class StandardLearner:
         self.initialize()
         rows = []
         for _ in range(num_steps):
-            steps = self._wait_for_batch()
+            steps, waited = self._wait_for_batch()
             metrics = self.train_step(steps)
             path = self.save_checkpoint()
-            self.model_pool.add_checkpoint(path=path, iteration=self.step)
-            metrics["learner/wait_seconds"] = self._last_wait
+            self.model_pool.add_checkpoint(path=path, iteration=self.step, kind="lora" if self.lora_cfg else "full")
+            metrics["learner/wait_seconds"] = waited
             rows.append(self.tracker.log(metrics))
         return rows
 
-    def _wait_for_batch(self) -> list[Step]:
+    def _wait_for_batch(self) -> tuple[list[Step], float]:
+        """Block until the buffer holds a batch; returns it and the seconds waited."""
         start = time.perf_counter()
         while self.step_buffer.size() < self.batch_size:
             time.sleep(self.poll_interval_s)
-        self._last_wait = time.perf_counter() - start
-        return self.step_buffer.get_batch(self.batch_size)
+        return self.step_buffer.get_batch(self.batch_size), time.perf_counter() - start

@@ -48,9 +48,9 @@ class ModelPool:
         self.games_played = 0
         self._rng = random.Random(seed)
 
-    def add_checkpoint(self, path: str | None, iteration: int) -> Checkpoint:
+    def add_checkpoint(self, path: str | None, iteration: int, kind: str = "lora") -> Checkpoint:
         """Register a new learner checkpoint (path None = base model); it inherits its parent's mu."""
-        checkpoint = Checkpoint(uid=f"ckpt-{iteration}", path=path, version=iteration)
+        checkpoint = Checkpoint(uid=f"ckpt-{iteration}", path=path, version=iteration, kind=kind)
         if self.checkpoints:
             parent = self.ratings.get(self.checkpoints[-1].uid)
             self.ratings.set(checkpoint.uid, Rating(parent.mu, min(2 * parent.sigma, Rating().sigma)))
