@@ -111,7 +111,7 @@ def train(cfg: RunConfig, on_row: Callable[[dict[str, Any]], None] = lambda row:
     from unstable.buffer import StepBuffer
     from unstable.collector import Collector
     from unstable.distributed import RemoteProxy
-    from unstable.inference import InferenceServer
+    from unstable.inference import InferenceClient, InferenceServer
     from unstable.learner import StandardLearner
     from unstable.pool import ModelPool
     from unstable.tracking import Tracker
@@ -148,24 +148,27 @@ def train(cfg: RunConfig, on_row: Callable[[dict[str, Any]], None] = lambda row:
             )
         )
         ray.get(pool.add_checkpoint.remote(path=cfg.learner.initial_lora_path, iteration=-1))
-        server = (
+        servers = [
             ray.remote(InferenceServer)
-            .options(name="Inference", max_concurrency=4096, num_gpus=cfg.inference.num_gpus)
+            .options(name=f"Inference-{i}", max_concurrency=4096, num_gpus=cfg.inference.num_gpus)
             .remote(
                 backend_factory(cfg, model_path),
                 max_batch_size=cfg.inference.max_batch_size,
                 batch_wait_ms=cfg.inference.batch_wait_ms,
                 max_loras=cfg.inference.max_loras,
             )
-        )
-        ray.get(server.start.remote())
-        pool_proxy, buffer_proxy = RemoteProxy(pool), RemoteProxy(buffer)
+            for i in range(cfg.inference.num_actors)
+        ]
+        ray.get([server.start.remote() for server in servers])
+        inference = InferenceClient([RemoteProxy(server) for server in servers])
+        # ratings and game summaries are fire-and-forget from the game threads; the rest block for results
+        pool_proxy, buffer_proxy = RemoteProxy(pool, fire_and_forget={"record_game"}), RemoteProxy(buffer)
         tracker_proxy = RemoteProxy(tracker, fire_and_forget={"add_game"})
         collector = (
             ray.remote(Collector)
             .options(name="Collector", max_concurrency=8)
             .remote(
-                RemoteProxy(server),
+                inference,
                 pool_proxy,
                 buffer_proxy,
                 tracker_proxy,
@@ -212,7 +215,7 @@ def train(cfg: RunConfig, on_row: Callable[[dict[str, Any]], None] = lambda row:
         collecting = collector.collect.remote(cfg.collector.num_workers, cfg.collector.num_eval_workers)
         for _ in range(learner_cfg.num_steps):
             row = ray.get(learner.train.remote(1))[0]
-            row.update(ray.get(server.stats.remote()))
+            row.update(inference.stats())
             on_row(row)
         ray.get(collector.stop.remote())
         counts = ray.get(collecting)

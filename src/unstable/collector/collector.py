@@ -96,12 +96,11 @@ class Collector:
         index = next(self._game_counter)
         envs = self.evaluation_envs if is_eval else self.training_envs
         spec = envs[index % len(envs)]
-        learner = self.model_pool.latest()
-        opponent = (
-            Opponent(self.evaluation_opponent, fixed=self.evaluation_opponent)
-            if is_eval
-            else self.model_pool.sample_opponent()
-        )
+        if is_eval:
+            learner = self.model_pool.latest()
+            opponent = Opponent(self.evaluation_opponent, fixed=self.evaluation_opponent)
+        else:
+            learner, opponent = self.model_pool.sample_match()
         seed = self.seed * 1_000_003 + index
         learner_seat = index % spec.num_players  # alternate seats
         make_learner = lambda: PolicyAgent(self.client, learner, get_template(spec.prompt_template), self.tokenizer)  # noqa: E731

@@ -81,6 +81,10 @@ class ModelPool:
         choices += [self._fixed(name) for name in self.fixed_opponents]
         return self._rng.choice(choices)
 
+    def sample_match(self) -> tuple[Checkpoint, Opponent]:
+        """The learner's checkpoint and its opponent for one training game, in one call."""
+        return self.latest(), self.sample_opponent()
+
     def record_game(self, record: GameRecord) -> None:
         """Update ratings from a finished game (failed games and self-play mirrors change nothing)."""
         if record.failed:
