@@ -60,6 +60,8 @@ class Step:
     `prompt_token_ids` and `completion_token_ids` are the tokens the model actually saw and produced, and
     `behaviour_logprobs[i]` is the log-probability the sampling policy gave `completion_token_ids[i]`. The
     learner trains on these tokens as they are, never re-tokenising text. `reward` is set by the StepBuffer.
+    `group_id` is shared by the decisions sampled from one copied game state (see `games.branching`); the
+    group's mean reward is their baseline.
     """
 
     env_id: str
@@ -78,6 +80,7 @@ class Step:
     policy_version: int = 0
     generation_seconds: float = 0.0
     reward: float = 0.0
+    group_id: str | None = None
 
     @property
     def has_tokens(self) -> bool:

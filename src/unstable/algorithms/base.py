@@ -11,6 +11,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
+import torch
+
 from unstable.records import Step
 
 if TYPE_CHECKING:
@@ -27,3 +29,15 @@ class BaseAlgo(ABC):
     @abstractmethod
     def update(self, steps: list[Step], learner: StandardLearner) -> dict[str, float]:
         """Train on one batch of steps; return metrics named `learner/<name>`."""
+
+
+def normalized_sum(token_values: torch.Tensor, completion_mask: torch.Tensor, max_generation_len: int | None):
+    """Each row's sum of `token_values` over its completion tokens divided by D, `(B,)`.
+
+    D is the constant `max_generation_len` when given (Dr. GRPO's length-unbiased normaliser, as in the seed)
+    or the row's own completion length otherwise.
+    """
+    total = (token_values * completion_mask).sum(-1)  # (B,)
+    if max_generation_len is not None:
+        return total / max_generation_len
+    return total / completion_mask.sum(-1).clamp(min=1.0)

@@ -1,16 +1,18 @@
 """REINFORCE: raise the log-likelihood of each completion in proportion to its (transformed) reward.
 
-    loss = -(1/N) sum_i r_i * sum_t log pi(a_it | s_i, a_i<t) / D
+    pg_loss = -(1/N) sum_i A_i * sum_t log pi(a_it | s_i, a_i<t) / D
 
-D is the constant `max_generation_len` when given (Dr. GRPO's unbiased normaliser, as in the seed) or the
-completion's own length otherwise. One optimizer step per batch, gradients accumulated over micro-batches.
+A_i is the step's reward after the reward transforms (their baselines make it an advantage). D is the
+constant `max_generation_len` when given (Dr. GRPO's unbiased normaliser, as in the seed) or the completion's
+own length otherwise. One optimizer step per batch, gradients accumulated over micro-batches.
 """
 
 from __future__ import annotations
 
 import torch
 
-from unstable.algorithms.base import BaseAlgo
+from unstable.algorithms.base import BaseAlgo, normalized_sum
+from unstable.learner.batching import TokenBatch
 from unstable.records import Step
 
 
@@ -23,18 +25,17 @@ class Reinforce(BaseAlgo):
     def update(self, steps: list[Step], learner) -> dict[str, float]:
         """One gradient step over the whole batch."""
         n = len(steps)
-        total_loss = 0.0
+        pg_loss = 0.0
         for batch in learner.micro_batches(steps):
             logp = learner.token_logprobs(batch)  # (b, L-1)
-            seq_logp = (logp * batch.completion_mask).sum(-1)  # (b,)
-            denom = self._normaliser(batch.completion_mask)  # (b,)
-            loss = -(batch.rewards * seq_logp / denom).sum() / n
+            learner.track_ratios(logp, batch)
+            loss = self.loss(logp, batch, n)
             loss.backward()
-            total_loss += loss.item()
+            pg_loss += loss.item()
         grad_norm = learner.optimizer_step()
-        return {"learner/pg_loss": total_loss, "learner/grad_norm": grad_norm}
+        return {"learner/pg_loss": pg_loss, "learner/grad_norm": grad_norm}
 
-    def _normaliser(self, completion_mask: torch.Tensor) -> torch.Tensor:
-        if self.max_generation_len is not None:
-            return torch.full_like(completion_mask[:, 0], float(self.max_generation_len))
-        return completion_mask.sum(-1).clamp(min=1.0)
+    def loss(self, logp: torch.Tensor, batch: TokenBatch, n: int) -> torch.Tensor:
+        """This micro-batch's share of the pg_loss over `n` steps, with A_i = `batch.rewards`."""
+        seq_logp = normalized_sum(logp, batch.completion_mask, self.max_generation_len)  # (b,)
+        return -(batch.rewards * seq_logp).sum() / n

@@ -14,7 +14,8 @@ class StepBuffer:
     """A bounded FIFO of training steps (oldest dropped first), filled through the reward transforms.
 
     Only steps of the learner's seats that carry model tokens are kept; failed games add nothing.
-    `get_batch` removes a uniformly drawn batch and applies the sampling-stage transform to it.
+    `get_batch` removes a uniformly drawn batch and applies the sampling-stage transform to it; steps that
+    share a `group_id` are drawn together, so a group-relative baseline sees the whole group.
     """
 
     def __init__(
@@ -64,12 +65,27 @@ class StepBuffer:
         """Remove and return `batch_size` uniformly drawn steps, after the sampling-stage transform."""
         if batch_size > len(self.steps):
             raise ValueError(f"asked for {batch_size} steps but the buffer holds {len(self.steps)}")
-        chosen = set(self._rng.sample(range(len(self.steps)), batch_size))
+        chosen = self._draw(batch_size)
         batch = [s for i, s in enumerate(self.steps) if i in chosen]
         self.steps = deque((s for i, s in enumerate(self.steps) if i not in chosen), maxlen=self.max_buffer_size)
         if self.sampling_transform is not None:
             batch = self.sampling_transform(batch)
         return batch
+
+    def _draw(self, batch_size: int) -> set[int]:
+        """Indices of whole groups and lone steps in random order; a group is split only to fill the batch."""
+        units: dict[object, list[int]] = {}
+        for i, step in enumerate(self.steps):
+            units.setdefault(step.group_id if step.group_id is not None else i, []).append(i)
+        order = list(units.values())
+        self._rng.shuffle(order)
+        chosen: list[int] = []
+        for unit in order:
+            if len(chosen) + len(unit) <= batch_size:
+                chosen += unit
+        taken = set(chosen)
+        rest = [i for unit in order for i in unit if i not in taken]
+        return taken | set(rest[: batch_size - len(taken)])
 
     def stats(self) -> dict[str, float]:
         """Counters for the tracker."""

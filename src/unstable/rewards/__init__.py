@@ -5,12 +5,27 @@ from unstable.rewards.transforms import (
     ComposeSamplingRewardTransforms,
     ComposeStepRewardTransforms,
     FinalRewardTransform,
+    NormalizeRewardsByEnv,
+    PenaltyForInvalidMove,
+    RewardForFormat,
+    RoleAdvantageByEnvFormatter,
+    RoleAdvantageFormatter,
     SamplingRewardTransform,
     StepRewardTransform,
     WinDrawLossFormatter,
 )
 
-TRANSFORMS = {cls.__name__: cls for cls in (WinDrawLossFormatter,)}
+TRANSFORMS = {
+    cls.__name__: cls
+    for cls in (
+        WinDrawLossFormatter,
+        RoleAdvantageFormatter,
+        RoleAdvantageByEnvFormatter,
+        RewardForFormat,
+        PenaltyForInvalidMove,
+        NormalizeRewardsByEnv,
+    )
+}
 
 
 def build_transform(name: str, args: dict | None = None):
@@ -27,6 +42,11 @@ __all__ = [
     "ComposeSamplingRewardTransforms",
     "ComposeStepRewardTransforms",
     "FinalRewardTransform",
+    "NormalizeRewardsByEnv",
+    "PenaltyForInvalidMove",
+    "RewardForFormat",
+    "RoleAdvantageByEnvFormatter",
+    "RoleAdvantageFormatter",
     "SamplingRewardTransform",
     "StepRewardTransform",
     "WinDrawLossFormatter",

@@ -9,8 +9,11 @@ Transforms never edit their input: steps are frozen and are replaced with `datac
 
 from __future__ import annotations
 
+import statistics
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Hashable, Sequence
+from dataclasses import replace
 
 from unstable.records import Step
 
@@ -80,3 +83,75 @@ class WinDrawLossFormatter(FinalRewardTransform):
         if best == worst:
             return {pid: 0.0 for pid in x}
         return {pid: 1.0 if r == best else -1.0 if r == worst else 0.0 for pid, r in x.items()}
+
+
+class RoleAdvantageFormatter(FinalRewardTransform):
+    """Subtracts a per-role baseline: an EMA of each player id's reward, updated before it is subtracted.
+
+    `b[pid] <- (1 - tau) * b[pid] + tau * r[pid]`, then `r[pid] - b[pid]`; baselines start at 0.
+    """
+
+    def __init__(self, tau: float = 0.001):
+        self.tau = tau
+        self.baselines: dict[Hashable, float] = defaultdict(float)
+
+    def __call__(self, x: dict[int, float], env_id: str | None = None) -> dict[int, float]:
+        return {pid: r - self._update(self._key(pid, env_id), r) for pid, r in x.items()}
+
+    def _key(self, pid: int, env_id: str | None) -> Hashable:
+        return pid
+
+    def _update(self, key: Hashable, reward: float) -> float:
+        self.baselines[key] = (1 - self.tau) * self.baselines[key] + self.tau * reward
+        return self.baselines[key]
+
+
+class RoleAdvantageByEnvFormatter(RoleAdvantageFormatter):
+    """SPIRAL's role-conditioned advantage: like `RoleAdvantageFormatter` with one EMA per (env, role)."""
+
+    def _key(self, pid: int, env_id: str | None) -> Hashable:
+        return (env_id, pid)
+
+
+class RewardForFormat(StepRewardTransform):
+    """Adds `reward` to a step whose completion had the answer format (`format_ok`), `penalty` otherwise."""
+
+    def __init__(self, reward: float = 0.0, penalty: float = 0.0):
+        self.reward = reward
+        self.penalty = penalty
+
+    def __call__(self, step: Step, env_id: str | None = None) -> Step:
+        return replace(step, reward=step.reward + (self.reward if step.format_ok else self.penalty))
+
+
+class PenaltyForInvalidMove(StepRewardTransform):
+    """Adds `penalty` to a step whose move the env rejected (`invalid_move`) and `reward` to every valid one.
+
+    Reading of the seed's `PenaltyForInvalidMove(1.0, -1.0)`: the first argument is the bonus for a valid
+    move, the second the (negative) amount for an invalid one, so a valid move gets +1 and an invalid -1.
+    """
+
+    def __init__(self, reward: float = 0.0, penalty: float = 0.0):
+        self.reward = reward
+        self.penalty = penalty
+
+    def __call__(self, step: Step, env_id: str | None = None) -> Step:
+        return replace(step, reward=step.reward + (self.penalty if step.invalid_move else self.reward))
+
+
+class NormalizeRewardsByEnv(SamplingRewardTransform):
+    """Subtracts each env's mean reward over the batch; with `z_score` also divides by its (population) std."""
+
+    def __init__(self, z_score: bool = False, eps: float = 1e-8):
+        self.z_score = z_score
+        self.eps = eps
+
+    def __call__(self, steps: list[Step]) -> list[Step]:
+        by_env: dict[str, list[float]] = defaultdict(list)
+        for step in steps:
+            by_env[step.env_id].append(step.reward)
+        stats = {env: (statistics.fmean(r), statistics.pstdev(r)) for env, r in by_env.items()}
+        return [replace(s, reward=self._normalize(s.reward, *stats[s.env_id])) for s in steps]
+
+    def _normalize(self, reward: float, mean: float, std: float) -> float:
+        return (reward - mean) / (std + self.eps) if self.z_score else reward - mean

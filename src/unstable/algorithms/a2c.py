@@ -1,0 +1,73 @@
+"""A2C: policy gradient with a learned state value as the baseline.
+
+A value head reads the model's last hidden state at the last prompt token (the state the decision was made
+in). With V_i its prediction and r_i the step's reward (the game's outcome for that decision, after shaping):
+
+    A_i        = r_i - V_i                                    (V_i detached)
+    pg_loss    = -(1/N) sum_i A_i * sum_t log pi(a_it | s_i, a_i<t) / D
+    value_loss = (1/N) sum_i (V_i - r_i)^2
+    loss       = pg_loss + value_coef * value_loss
+
+The value loss trains the head and, through the shared hidden state, the policy's own weights. One optimizer
+step per batch; the head's parameters join the learner's optimizer (at `value_lr`). D as in `Reinforce`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from unstable.algorithms.base import BaseAlgo, normalized_sum
+from unstable.algorithms.value import attach_value_head, decision_encodings
+from unstable.learner.batching import TokenBatch
+from unstable.records import Step
+
+
+class A2C(BaseAlgo):
+    """Advantage actor-critic on whole completions with a value head on the decision state."""
+
+    def __init__(
+        self,
+        value_coef: float = 0.5,
+        value_lr: float | None = 1e-3,
+        value_hidden_sizes: Sequence[int] = (),
+        max_generation_len: int | None = None,
+    ):
+        self.value_coef = value_coef
+        self.value_lr = value_lr
+        self.value_hidden_sizes = tuple(value_hidden_sizes)
+        self.max_generation_len = max_generation_len
+        self.value_head = None
+
+    def initialize(self, learner) -> None:
+        """Create the value head and hand its parameters to the learner's optimizer."""
+        self.value_head = attach_value_head(learner, self.value_hidden_sizes, self.value_lr)
+
+    def update(self, steps: list[Step], learner) -> dict[str, float]:
+        """One gradient step over the whole batch."""
+        n = len(steps)
+        totals = {"pg_loss": 0.0, "value_loss": 0.0, "value_mean": 0.0}
+        for batch in learner.micro_batches(steps):
+            outputs = learner.forward(batch, output_hidden_states=True)
+            logp = learner.token_logprobs(batch, outputs)  # (b, L-1)
+            values = self.value_head(decision_encodings(outputs, batch))  # (b,)
+            learner.track_ratios(logp, batch)
+            pg_loss, value_loss = self.loss(logp, values, batch, n)
+            loss = pg_loss + self.value_coef * value_loss
+            loss.backward()
+            totals["pg_loss"] += pg_loss.item()
+            totals["value_loss"] += value_loss.item()
+            totals["value_mean"] += values.detach().sum().item() / n
+        grad_norm = learner.optimizer_step()
+        return {f"learner/{k}": v for k, v in totals.items()} | {"learner/grad_norm": grad_norm}
+
+    def loss(
+        self, logp: torch.Tensor, values: torch.Tensor, batch: TokenBatch, n: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This micro-batch's shares of pg_loss and value_loss over `n` steps (returns r_i = `batch.rewards`)."""
+        advantages = batch.rewards - values.detach()  # (b,)
+        seq_logp = normalized_sum(logp, batch.completion_mask, self.max_generation_len)  # (b,)
+        pg_loss = -(advantages * seq_logp).sum() / n
+        value_loss = ((values - batch.rewards) ** 2).sum() / n
+        return pg_loss, value_loss

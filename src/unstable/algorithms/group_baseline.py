@@ -1,0 +1,56 @@
+"""Group baseline (GRPO / Dr. GRPO): REINFORCE on each reward minus the mean reward of its group.
+
+    A_i     = r_i - mean_{j in g(i)} r_j             (divided by std_g + eps with `scale_by_std`: GRPO)
+    pg_loss = -(1/N) sum_i A_i * sum_t log pi(a_it | s_i, a_i<t) / D
+
+A group is the set of decisions sampled from one copied game state (`games.branching`, shared `group_id`),
+so they saw the same prompt, as in GRPO. A step whose group has no other member in the batch (no branching,
+an env that could not be copied, a group the buffer split) falls back to the group of the batch's ungrouped
+steps of the same env and role. The advantage travels to the loss in the `reward` field of a copy of each
+step; the loss itself is `Reinforce`'s.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Hashable
+from dataclasses import replace
+
+from unstable.algorithms.reinforce import Reinforce
+from unstable.records import Step
+
+
+class GroupBaseline(Reinforce):
+    """REINFORCE with group-relative advantages; `scale_by_std=False` is Dr. GRPO, True is GRPO."""
+
+    def __init__(self, max_generation_len: int | None = None, scale_by_std: bool = False, eps: float = 1e-6):
+        super().__init__(max_generation_len)
+        self.scale_by_std = scale_by_std
+        self.eps = eps
+
+    def update(self, steps: list[Step], learner) -> dict[str, float]:
+        """One gradient step over the whole batch on group-relative advantages."""
+        advantages, grouped = group_advantages(steps, self.scale_by_std, self.eps)
+        metrics = super().update([replace(s, reward=a) for s, a in zip(steps, advantages)], learner)
+        return metrics | {"learner/grouped_fraction": grouped / len(steps)}
+
+
+def group_advantages(steps: list[Step], scale_by_std: bool = False, eps: float = 1e-6) -> tuple[list[float], int]:
+    """Each step's reward minus its group's mean reward (over the batch), and how many steps had a branch group.
+
+    With `scale_by_std` the difference is divided by the group's population std plus `eps`. A group of one
+    step gets advantage 0.
+    """
+    sizes = Counter(s.group_id for s in steps if s.group_id is not None)
+    keys: list[Hashable] = [s.group_id if sizes[s.group_id] > 1 else (s.env_id, s.player_id) for s in steps]
+    rewards: dict[Hashable, list[float]] = defaultdict(list)
+    for key, step in zip(keys, steps):
+        rewards[key].append(step.reward)
+    stats = {key: (statistics.fmean(r), statistics.pstdev(r)) for key, r in rewards.items()}
+    advantages = []
+    for key, step in zip(keys, steps):
+        mean, std = stats[key]
+        advantages.append((step.reward - mean) / (std + eps) if scale_by_std else step.reward - mean)
+    grouped = sum(sizes[s.group_id] > 1 for s in steps if s.group_id is not None)
+    return advantages, grouped

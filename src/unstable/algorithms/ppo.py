@@ -1,0 +1,106 @@
+"""PPO: a clipped importance-ratio policy gradient against the log-probs of the policy that sampled the data.
+
+Per completion token t of step i, with r_it = exp(logp_it - logp_behaviour_it) and A_i the step's reward
+(already baselined by the reward transforms; whitened over the batch with `whiten_advantages`):
+
+    pg_loss      = (1/N) sum_i sum_t max(-r_it A_i, -clip(r_it, 1-eps, 1+eps) A_i) / D
+    kl_loss      = kl_coef * KL(behaviour || current)            (k3 estimate, mean over tokens)
+    entropy_loss = -entropy_coef * mean token entropy
+    loss         = pg_loss + kl_loss + entropy_loss
+
+The ratio is taken against the recorded `behaviour_logprobs`, the asynchronous sampler's policy, so the clip
+bounds how far an update moves from the policy that produced the data however stale it is. `epochs` passes
+over shuffled minibatches of `minibatch_size` steps (None: the whole batch), one optimizer step each.
+D as in `Reinforce`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from dataclasses import replace
+
+import torch
+
+from unstable.algorithms.base import BaseAlgo, normalized_sum
+from unstable.learner.batching import TokenBatch
+from unstable.records import Step
+from unstable.rl import approx_kl, masked_mean, masked_whiten
+
+
+class PPO(BaseAlgo):
+    """Clipped-surrogate policy optimisation over several epochs of minibatches."""
+
+    def __init__(
+        self,
+        clip_eps: float = 0.2,
+        epochs: int = 2,
+        minibatch_size: int | None = None,
+        kl_coef: float = 0.0,
+        entropy_coef: float = 0.0,
+        whiten_advantages: bool = False,
+        max_generation_len: int | None = None,
+        seed: int = 0,
+    ):
+        self.clip_eps = clip_eps
+        self.epochs = epochs
+        self.minibatch_size = minibatch_size
+        self.kl_coef = kl_coef
+        self.entropy_coef = entropy_coef
+        self.whiten_advantages = whiten_advantages
+        self.max_generation_len = max_generation_len
+        self.rng = random.Random(seed)
+
+    def update(self, steps: list[Step], learner) -> dict[str, float]:
+        """`epochs` passes over shuffled minibatches, one optimizer step per minibatch."""
+        if self.whiten_advantages:
+            whitened = masked_whiten(torch.tensor([s.reward for s in steps]))  # (N,)
+            steps = [replace(s, reward=float(a)) for s, a in zip(steps, whitened)]
+        size = self.minibatch_size or len(steps)
+        logs: dict[str, list[float]] = defaultdict(list)
+        for epoch in range(self.epochs):
+            order = self.rng.sample(steps, len(steps))
+            for start in range(0, len(order), size):
+                self._minibatch_step(order[start : start + size], learner, logs, first_epoch=epoch == 0)
+        return {f"learner/{k}": sum(v) / len(v) for k, v in logs.items()}
+
+    def _minibatch_step(self, steps: list[Step], learner, logs: dict[str, list[float]], first_epoch: bool) -> None:
+        """Accumulate the loss over the minibatch's micro-batches, then take one optimizer step."""
+        for batch in learner.micro_batches(steps):
+            outputs = learner.forward(batch)
+            logp = learner.token_logprobs(batch, outputs)  # (b, L-1)
+            if first_epoch:
+                learner.track_ratios(logp, batch)
+            share = len(batch.steps) / len(steps)
+            pg_loss, clip_fraction = self.policy_loss(logp, batch)
+            kl = approx_kl(logp, batch.behaviour_logprobs, batch.completion_mask)
+            kl_loss = self.kl_coef * kl
+            entropy_loss = -self.entropy_coef * self._entropy(outputs, batch, learner.temperature)
+            loss = pg_loss + kl_loss + entropy_loss
+            (loss * share).backward()
+            logs["pg_loss"].append(pg_loss.item())
+            logs["kl_loss"].append(kl_loss.item())
+            logs["entropy_loss"].append(entropy_loss.item())
+            logs["clip_fraction"].append(clip_fraction)
+            logs["approx_kl"].append(kl.item())
+        logs["grad_norm"].append(learner.optimizer_step())
+
+    def policy_loss(self, logp: torch.Tensor, batch: TokenBatch) -> tuple[torch.Tensor, float]:
+        """The clipped pg_loss averaged over the batch's rows, and the fraction of tokens whose ratio was clipped."""
+        mask = batch.completion_mask
+        ratio = torch.exp(logp - batch.behaviour_logprobs)  # (b, L-1)
+        advantages = batch.rewards[:, None]  # (b, 1)
+        unclipped = -ratio * advantages  # (b, L-1)
+        clipped = -ratio.clamp(1 - self.clip_eps, 1 + self.clip_eps) * advantages  # (b, L-1)
+        pg_loss = normalized_sum(torch.max(unclipped, clipped), mask, self.max_generation_len).mean()
+        with torch.no_grad():
+            clip_fraction = masked_mean(((ratio - 1).abs() > self.clip_eps).float(), mask).item()
+        return pg_loss, clip_fraction
+
+    def _entropy(self, outputs, batch: TokenBatch, temperature: float) -> torch.Tensor:
+        """Mean entropy of the next-token distributions at completion positions (0 when entropy_coef is 0)."""
+        if not self.entropy_coef:
+            return torch.zeros((), device=batch.rewards.device)
+        logprobs = torch.log_softmax(outputs.logits[:, :-1].float() / temperature, dim=-1)  # (b, L-1, V)
+        entropy = -(logprobs.exp() * logprobs).sum(-1)  # (b, L-1)
+        return masked_mean(entropy, batch.completion_mask)

@@ -1,0 +1,42 @@
+"""A state-value head on the model's hidden state at the decision, shared by A2C and VTraceAWR."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from unstable.learner.batching import TokenBatch, decision_positions
+
+
+class ValueHead(torch.nn.Module):
+    """V(s) from a state encoding: a linear layer, or an MLP with SiLU hidden layers. The output starts at 0."""
+
+    def __init__(self, input_size: int, hidden_sizes: Sequence[int] = ()):
+        super().__init__()
+        layers: list[torch.nn.Module] = []
+        for size in hidden_sizes:
+            layers += [torch.nn.Linear(input_size, size), torch.nn.SiLU()]
+            input_size = size
+        out = torch.nn.Linear(input_size, 1)
+        torch.nn.init.zeros_(out.weight)
+        torch.nn.init.zeros_(out.bias)
+        self.net = torch.nn.Sequential(*layers, out)
+
+    def forward(self, encodings: torch.Tensor) -> torch.Tensor:
+        """Values of `(B, H)` encodings, `(B,)`."""
+        return self.net(encodings).squeeze(-1)  # (B,)
+
+
+def attach_value_head(learner, hidden_sizes: Sequence[int], lr: float | None) -> ValueHead:
+    """A new ValueHead sized to the learner's model, on its device, trained by its optimizer at `lr`."""
+    head = ValueHead(learner.model.config.hidden_size, hidden_sizes).to(learner.device)
+    learner.add_parameters(head.parameters(), lr=lr)
+    return head
+
+
+def decision_encodings(outputs, batch: TokenBatch) -> torch.Tensor:
+    """The last layer's hidden state at each row's last prompt token (the decision state), `(B, H)` float32."""
+    hidden = outputs.hidden_states[-1]  # (B, L, H)
+    rows = torch.arange(hidden.shape[0], device=hidden.device)  # (B,)
+    return hidden[rows, decision_positions(batch)].float()  # (B, H)

@@ -1,0 +1,229 @@
+"""V-trace advantages, an AWR policy loss, a Lagrangian KL penalty and a value function fitted mostly on cached
+state encodings: ubrl's algorithm (seed 004), rebuilt from its description.
+
+Decisions are one-step episodes. Batches are random samples of steps and a step's reward is already its game's
+outcome plus shaping (a return, not a per-turn reward), so each decision is treated as an episode that ends
+with that reward; traces across a game's decisions would need the whole game in the batch and per-turn
+rewards. With w_i = exp(sum_t logp_it - sum_t logp_behaviour_it) the decision's importance weight (over its
+kept completion tokens), `unstable.rl.vtrace` on length-1 sequences with done=1 gives
+
+    rho_i = min(w_i, rho_bar),    vs_i = V_i + rho_i (r_i - V_i),    A_i = rho_i (r_i - V_i)
+
+One update:
+  1. cache: one no-grad forward pass gives each step's decision-state encoding h_i (the hidden state at its
+     last prompt token) and its w_i;
+  2. value pre-training: `vf_epochs` epochs of value-only minibatch steps on the cached h_i, the targets vs_i
+     recomputed from the current head each epoch;
+  3. advantages A_i from the fitted head, normalised by running statistics; AWR weights
+     `awr_weights(A, temperature, weight_clip)`, self-normalised to mean 1 over the batch;
+  4. policy: `policy_epochs` over shuffled minibatches of `minibatch_size` steps, one optimizer step each:
+         awr_loss   = (1/N) sum_i -weight_i * sum_t logp_it / D
+         kl_loss    = kl_coef * KL(behaviour || current)         (k3 estimate, mean over tokens)
+         value_loss = vf_coef * (1/N) sum_i (V(h_i) - vs_i)^2      (live h_i: shapes the encodings too)
+         loss       = awr_loss + kl_loss + value_loss
+     where kl_coef is a Lagrange multiplier (`KLController`) stepped after each minibatch so the measured KL
+     is held near `kl_target`. Like PPO's clip, the KL is measured against the behaviour policy;
+  5. value post-training: `vf_epochs` more value-only epochs on the (now slightly stale) cache.
+So the value function gets 2 * vf_epochs cheap epochs for 1 + policy_epochs full forward passes. D as in
+`Reinforce`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+
+from unstable.algorithms.base import BaseAlgo, normalized_sum
+from unstable.algorithms.value import attach_value_head, decision_encodings
+from unstable.learner.batching import TokenBatch
+from unstable.records import Step
+from unstable.rl import KLController, RunningMeanStd, VTraceReturns, approx_kl, awr_weights, vtrace, weighted_nll_loss
+
+
+class VTraceAWR(BaseAlgo):
+    """Off-policy actor-critic: V-trace advantages, AWR weights, a KL multiplier, value fitting on a cache."""
+
+    def __init__(
+        self,
+        temperature: float = 1.0,
+        weight_clip: float = 8.0,
+        rho_bar: float = 1.0,
+        kl_target: float = 0.1,
+        kl_coef_init: float = 0.1,
+        kl_coef_lr: float = 0.01,
+        vf_coef: float = 0.1,
+        vf_epochs: int = 3,
+        vf_minibatch_size: int = 64,
+        vf_lr: float | None = 1e-3,
+        vf_hidden_sizes: Sequence[int] = (128,),
+        policy_epochs: int = 1,
+        minibatch_size: int | None = None,
+        normalize_advantages: bool = True,
+        max_generation_len: int | None = None,
+        seed: int = 0,
+    ):
+        self.temperature = temperature
+        self.weight_clip = weight_clip
+        self.rho_bar = rho_bar
+        self.kl_target = kl_target
+        self.vf_coef = vf_coef
+        self.vf_epochs = vf_epochs
+        self.vf_minibatch_size = vf_minibatch_size
+        self.vf_lr = vf_lr
+        self.vf_hidden_sizes = tuple(vf_hidden_sizes)
+        self.policy_epochs = policy_epochs
+        self.minibatch_size = minibatch_size
+        self.normalize_advantages = normalize_advantages
+        self.max_generation_len = max_generation_len
+        self.kl_controller = KLController(init_coef=kl_coef_init, lr=kl_coef_lr)
+        self.advantage_stats = RunningMeanStd(momentum=0.01)
+        self.rng = random.Random(seed)
+        self.value_head = None
+
+    def initialize(self, learner) -> None:
+        """Create the value head and hand its parameters to the learner's optimizer."""
+        self.value_head = attach_value_head(learner, self.vf_hidden_sizes, self.vf_lr)
+
+    def update(self, steps: list[Step], learner) -> dict[str, float]:
+        """Cache, fit values, weigh, update the policy, fit values again (see the module docstring)."""
+        steps = [replace(s) for s in steps]  # distinct objects: `id(step)` names one row of the cache
+        cache = self._cache(steps, learner)
+        vf_pre_loss = self._fit_values(cache, learner)
+        returns, weights = self._weights(cache)
+        logs = self._policy_epochs(steps, cache, returns.vs[:, 0], weights, learner)
+        vf_post_loss = self._fit_values(cache, learner)
+        logs |= {
+            "vf_pre_loss": vf_pre_loss,
+            "vf_post_loss": vf_post_loss,
+            "kl_coef": self.kl_controller.coef,
+            "rho_mean": returns.rhos.mean().item(),
+            "awr_weight_max": weights.max().item(),
+        }
+        return {f"learner/{k}": v for k, v in logs.items()}
+
+    @torch.no_grad()
+    def _cache(self, steps: list[Step], learner) -> _Cache:
+        """One forward pass without gradients: every step's decision encoding and summed log-probs."""
+        index = {id(s): i for i, s in enumerate(steps)}
+        encodings, logp, behaviour = {}, torch.zeros(len(steps)), torch.zeros(len(steps))
+        for batch in learner.micro_batches(steps):
+            rows = torch.tensor([index[id(s)] for s in batch.steps])  # (b,)
+            outputs = learner.forward(batch, output_hidden_states=True)
+            token_logp = learner.token_logprobs(batch, outputs)  # (b, L-1)
+            learner.track_ratios(token_logp, batch)
+            for row, encoding in zip(rows.tolist(), decision_encodings(outputs, batch)):
+                encodings[row] = encoding
+            logp[rows] = (token_logp * batch.completion_mask).sum(-1).cpu()
+            behaviour[rows] = (batch.behaviour_logprobs * batch.completion_mask).sum(-1).cpu()
+        rewards = torch.tensor([s.reward for s in steps])  # (N,)
+        return _Cache(index, torch.stack([encodings[i] for i in range(len(steps))]), logp, behaviour, rewards)
+
+    def _fit_values(self, cache: _Cache, learner) -> float:
+        """`vf_epochs` epochs of value-only steps on the cached encodings; returns the mean loss."""
+        losses = []
+        for _ in range(self.vf_epochs):
+            order = self.rng.sample(range(len(cache.rewards)), len(cache.rewards))
+            for start in range(0, len(order), self.vf_minibatch_size):
+                rows = torch.tensor(order[start : start + self.vf_minibatch_size])  # (m,)
+                values = self.value_head(cache.encodings[rows]).cpu()  # (m,)
+                targets = cache.vtrace(rows, values.detach(), self.rho_bar).vs[:, 0]  # (m,)
+                loss = F.mse_loss(values, targets)
+                loss.backward()
+                learner.optimizer_step()  # only the head has gradients here
+                losses.append(loss.item())
+        return sum(losses) / max(len(losses), 1)
+
+    @torch.no_grad()
+    def _weights(self, cache: _Cache) -> tuple[VTraceReturns, torch.Tensor]:
+        """V-trace outputs for the whole batch and the AWR weights of its (normalised) advantages, `(N,)`."""
+        rows = torch.arange(len(cache.rewards))  # (N,)
+        returns = cache.vtrace(rows, self.value_head(cache.encodings).cpu(), self.rho_bar)
+        advantages = returns.advantages[:, 0]  # (N,)
+        if self.normalize_advantages:
+            self.advantage_stats.update(advantages)
+            advantages = self.advantage_stats.normalize(advantages)
+        return returns, awr_weights(advantages, self.temperature, self.weight_clip)
+
+    def _policy_epochs(
+        self, steps: list[Step], cache: _Cache, targets: torch.Tensor, weights: torch.Tensor, learner
+    ) -> dict[str, float]:
+        """`policy_epochs` over shuffled minibatches; the KL multiplier is stepped after each minibatch."""
+        size = self.minibatch_size or len(steps)
+        logs: dict[str, list[float]] = defaultdict(list)
+        for _ in range(self.policy_epochs):
+            order = self.rng.sample(steps, len(steps))
+            for start in range(0, len(order), size):
+                minibatch = order[start : start + size]
+                kl = 0.0
+                for batch in learner.micro_batches(minibatch):
+                    rows = torch.tensor([cache.index[id(s)] for s in batch.steps])  # (b,)
+                    outputs = learner.forward(batch, output_hidden_states=True)
+                    logp = learner.token_logprobs(batch, outputs)  # (b, L-1)
+                    values = self.value_head(decision_encodings(outputs, batch))  # (b,)
+                    device = values.device
+                    awr_loss, kl_batch, value_mse = self.loss(
+                        logp, values, batch, weights[rows].to(device), targets[rows].to(device)
+                    )
+                    kl_loss = self.kl_controller.coef * kl_batch
+                    value_loss = self.vf_coef * value_mse
+                    loss = awr_loss + kl_loss + value_loss
+                    share = len(batch.steps) / len(minibatch)
+                    (loss * share).backward()
+                    kl += kl_batch.item() * share
+                    logs["awr_loss"].append(awr_loss.item())
+                    logs["value_mse"].append(value_mse.item())
+                logs["grad_norm"].append(learner.optimizer_step())
+                logs["approx_kl"].append(kl)
+                self.kl_controller.update(kl, self.kl_target)
+        return {k: sum(v) / len(v) for k, v in logs.items()}
+
+    def loss(
+        self, logp: torch.Tensor, values: torch.Tensor, batch: TokenBatch, weights: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The micro-batch's awr_loss, KL(behaviour || current) and the value MSE (before their coefficients)."""
+        seq_logp = normalized_sum(logp, batch.completion_mask, self.max_generation_len)  # (b,)
+        awr_loss = weighted_nll_loss(seq_logp, weights)
+        kl = approx_kl(logp, batch.behaviour_logprobs, batch.completion_mask)
+        value_mse = F.mse_loss(values, targets)
+        return awr_loss, kl, value_mse
+
+
+def one_step_vtrace(
+    logp: torch.Tensor, behaviour_logp: torch.Tensor, rewards: torch.Tensor, values: torch.Tensor, rho_bar: float
+) -> VTraceReturns:
+    """`unstable.rl.vtrace` on `(m,)` decisions as one-step episodes (done, nothing to bootstrap), `(m, 1)` outputs.
+
+    `logp` and `behaviour_logp` are each decision's log-probs summed over its completion tokens.
+    """
+    m = rewards.shape[0]
+    return vtrace(
+        logp[:, None],  # (m, 1)
+        behaviour_logp[:, None],  # (m, 1)
+        rewards[:, None],  # (m, 1)
+        values[:, None],  # (m, 1)
+        bootstrap_value=torch.zeros(m),
+        dones=torch.ones(m, 1),
+        mask=torch.ones(m, 1, dtype=torch.bool),
+        rho_bar=rho_bar,
+        c_bar=rho_bar,
+    )
+
+
+@dataclass
+class _Cache:
+    """What the no-grad pass keeps per step (row i of each tensor is the step with `index[id(step)] == i`)."""
+
+    index: dict[int, int]
+    encodings: torch.Tensor  # (N, H) on the learner's device
+    logp: torch.Tensor  # (N,) summed current log-probs of the kept completion tokens
+    behaviour_logp: torch.Tensor  # (N,) summed behaviour log-probs of the same tokens
+    rewards: torch.Tensor  # (N,)
+
+    def vtrace(self, rows: torch.Tensor, values: torch.Tensor, rho_bar: float) -> VTraceReturns:
+        """`one_step_vtrace` of the decisions at `rows` with the given current `values`."""
+        return one_step_vtrace(self.logp[rows], self.behaviour_logp[rows], self.rewards[rows], values, rho_bar)

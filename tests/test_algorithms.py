@@ -1,0 +1,302 @@
+"""Algorithms: every loss on hand-computed numbers, batching and staleness, and a two-action text bandit on the
+tiny model that each algorithm must learn."""
+
+import math
+
+import pytest
+import torch
+
+from unstable.algorithms import A2C, ALGORITHMS, PPO, Reinforce, VTraceAWR
+from unstable.algorithms.base import normalized_sum
+from unstable.algorithms.group_baseline import group_advantages
+from unstable.algorithms.vtrace_awr import one_step_vtrace
+from unstable.buffer import StepBuffer
+from unstable.config import ConfigError, validate_config
+from unstable.learner import StandardLearner
+from unstable.learner.batching import collate, decision_positions, pack_micro_batches
+from unstable.pool import ModelPool
+from unstable.records import Step
+from unstable.rl import awr_weights
+from unstable.tracking import Tracker
+
+E = math.e
+
+
+def _step(prompt=(1, 2), completion=(3, 4), behaviour=None, reward=0.0, **kw):
+    behaviour = behaviour if behaviour is not None else (-1.0,) * len(completion)
+    defaults = {"env_id": "E", "player_id": 0, "turn": 0, "observation": "o", "action": "a"}
+    return Step(
+        **(defaults | kw),
+        prompt_token_ids=tuple(prompt),
+        completion_token_ids=tuple(completion),
+        behaviour_logprobs=tuple(behaviour),
+        reward=reward,
+    )
+
+
+def _hand_batch():
+    """Row 0: prompt (1, 2), completion (3, 4), reward +1; row 1: prompt (1,), completion (5,), reward -1.
+
+    Targets are aligned as (B, L-1) = (2, 3): row 0's completion sits at target indices 1, 2; row 1's at 0.
+    """
+    steps = [
+        _step(behaviour=(-1.0, -2.0), reward=1.0),
+        _step(prompt=(1,), completion=(5,), behaviour=(-0.5,), reward=-1.0),
+    ]
+    batch = collate(steps, pad_id=0)
+    logp = torch.tensor([[-9.0, -1.0, -3.0], [-4.0, -9.0, -9.0]], requires_grad=True)  # -9: not completion
+    return batch, logp
+
+
+# --- batching: truncation, micro-batches, decision positions ------------------------------------------------
+
+
+def test_collate_aligns_masks_and_truncates_keeping_the_first_tokens():
+    batch, _ = _hand_batch()
+    assert batch.completion_mask.tolist() == [[0, 1, 1], [1, 0, 0]]
+    assert batch.behaviour_logprobs.tolist() == [[0, -1.0, -2.0], [-0.5, 0, 0]]
+    assert decision_positions(batch).tolist() == [1, 0]  # the last prompt token of each row
+
+    cut = collate([_step(prompt=(1, 2, 3, 4), completion=(5, 6, 7, 8), behaviour=(-1, -2, -3, -4))], 0, 6)
+    assert cut.input_ids.tolist() == [[1, 2, 3, 4, 5, 6]]
+    assert cut.completion_mask.tolist() == [[0, 0, 0, 1, 1]]
+    assert cut.behaviour_logprobs.tolist() == [[0, 0, 0, -1, -2]]
+    prompt_only = collate([_step(prompt=(1, 2, 3, 4, 5), completion=(6,))], 0, 3)
+    assert prompt_only.completion_mask.sum() == 0 and decision_positions(prompt_only).tolist() == [2]
+
+
+def test_micro_batches_respect_the_token_budget():
+    steps = [_step(prompt=(1,) * (n - 1), completion=(2,)) for n in (9, 3, 5, 5)]
+    groups = pack_micro_batches(steps, token_budget=10)
+    assert [[len(s.prompt_token_ids) + 1 for s in g] for g in groups] == [[3, 5], [5], [9]]
+    assert [len(g) for g in pack_micro_batches(steps, token_budget=10, max_train_len=4)] == [2, 2]  # 4 tokens each
+    assert [len(g) for g in pack_micro_batches(steps, token_budget=100, max_rows=3)] == [3, 1]
+
+
+# --- hand-computed losses ---------------------------------------------------------------------------------
+
+
+def test_normalized_sum_uses_the_constant_or_the_own_length():
+    batch, logp = _hand_batch()
+    assert normalized_sum(logp, batch.completion_mask, None).tolist() == [-2.0, -4.0]  # (-1 - 3) / 2, -4 / 1
+    assert normalized_sum(logp, batch.completion_mask, 4).tolist() == [-1.0, -1.0]
+
+
+def test_reinforce_loss():
+    batch, logp = _hand_batch()
+    assert Reinforce().loss(logp, batch, n=2).item() == pytest.approx(-(1 * -2.0 + -1 * -4.0) / 2)
+    assert Reinforce(max_generation_len=4).loss(logp, batch, n=2).item() == pytest.approx(0.0)
+
+
+def test_group_advantages_use_branch_groups_and_fall_back_to_env_and_role():
+    steps = [
+        _step(reward=1.0, group_id="g"),
+        _step(reward=0.0, group_id="g"),
+        _step(reward=-1.0, group_id="g"),  # group g: mean 0, population std sqrt(2/3)
+        _step(reward=2.0, group_id="lonely"),  # the only one of its group in the batch: falls back
+        _step(reward=4.0),  # env E, role 0 with the lonely one: mean 3
+        _step(reward=5.0, player_id=1),  # alone in (E, 1): advantage 0
+    ]
+    advantages, grouped = group_advantages(steps)
+    assert advantages == [1.0, 0.0, -1.0, -1.0, 1.0, 0.0] and grouped == 3
+    scaled, _ = group_advantages(steps, scale_by_std=True, eps=1e-12)
+    assert scaled[:3] == pytest.approx([math.sqrt(1.5), 0.0, -math.sqrt(1.5)])
+    assert scaled[3:5] == pytest.approx([-1.0, 1.0])  # std of (2, 4) is 1
+
+
+def test_ppo_clips_the_ratio_on_a_hand_example():
+    batch, _ = _hand_batch()
+    # ratios: row 0 tokens 1.5 and 0.9 (A = +1), row 1 token 0.7 (A = -1)
+    logp = (batch.behaviour_logprobs + torch.log(torch.tensor([[1.0, 1.5, 0.9], [0.7, 1.0, 1.0]]))).requires_grad_()
+    pg_loss, clip_fraction = PPO(clip_eps=0.2).policy_loss(logp, batch)
+    row0 = (max(-1.5, -1.2) + max(-0.9, -0.9)) / 2  # -1.05: the 1.5 is clipped to 1.2
+    row1 = max(0.7, 0.8) / 1  # 0.8: with A < 0 the pessimistic side is the clipped 0.8
+    assert pg_loss.item() == pytest.approx((row0 + row1) / 2)
+    assert clip_fraction == pytest.approx(2 / 3)  # 1.5 and 0.7 lie outside [0.8, 1.2]
+    pg_loss.backward()
+    # only the unclipped token moves: d(-r A / 2 / 2) / d logp = -0.9 / 4
+    assert logp.grad.flatten().tolist() == pytest.approx([0.0, 0.0, -0.225, 0.0, 0.0, 0.0], abs=1e-6)
+
+
+def test_a2c_pg_and_value_loss():
+    batch, logp = _hand_batch()
+    values = torch.tensor([0.5, -0.2], requires_grad=True)
+    pg_loss, value_loss = A2C().loss(logp, values, batch, n=2)
+    assert pg_loss.item() == pytest.approx(-((1 - 0.5) * -2.0 + (-1 + 0.2) * -4.0) / 2)  # A = r - V
+    assert value_loss.item() == pytest.approx(((0.5 - 1) ** 2 + (-0.2 + 1) ** 2) / 2)
+    pg_loss.backward()
+    assert values.grad is None  # the advantage's V is detached: pg_loss does not train the value
+
+
+def test_one_step_vtrace_and_awr_weights():
+    out = one_step_vtrace(
+        logp=torch.tensor([-1.5, 0.0]),
+        behaviour_logp=torch.tensor([-1.0, -1.0]),
+        rewards=torch.tensor([1.0, -1.0]),
+        values=torch.tensor([0.2, 0.5]),
+        rho_bar=1.0,
+    )
+    rho = math.exp(-0.5)  # the second decision's weight e^1 is truncated to 1
+    assert out.rhos[:, 0].tolist() == pytest.approx([rho, 1.0])
+    assert out.vs[:, 0].tolist() == pytest.approx([0.2 + rho * 0.8, -1.0])  # V + rho (r - V)
+    assert out.advantages[:, 0].tolist() == pytest.approx([rho * 0.8, -1.5])  # rho (r - V)
+    weights = awr_weights(torch.tensor([1.0, -1.0]), temperature=1.0)
+    assert weights.tolist() == pytest.approx([2 * E / (E + 1 / E), 2 / E / (E + 1 / E)])  # mean 1
+
+
+def test_vtrace_awr_loss_terms():
+    batch, logp = _hand_batch()
+    weights = torch.tensor([1.5, 0.5])
+    values, targets = torch.tensor([0.0, 1.0]), torch.tensor([1.0, 1.0])
+    awr_loss, kl, value_mse = VTraceAWR().loss(logp, values, batch, weights, targets)
+    assert awr_loss.item() == pytest.approx(-(1.5 * -2.0 + 0.5 * -4.0) / 2)
+    k3 = [0.0, math.exp(-1) - 1 + 1, math.exp(-3.5) - 1 + 3.5]  # (r - 1) - log r at log r = 0, -1, -3.5
+    assert kl.item() == pytest.approx(sum(k3) / 3)
+    assert value_mse.item() == pytest.approx(0.5)
+
+
+# --- the tiny model: a two-action text bandit ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bandit(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    encode = lambda text: tuple(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    return {
+        "prompt": encode("Available Moves: '[0]', '[1]'\nYour move: "),
+        "other_prompt": encode("Current Board: 0 | 1 | 2\nYour move: "),
+        "good": encode("\\boxed{[1]}"),
+        "bad": encode("\\boxed{[0]}"),
+    }
+
+
+def _learner(tiny_model_dir, algorithm, **kw):
+    options = {"lora_cfg": {"lora_rank": 4}, "learning_rate": 0.005, "micro_batch_tokens": 512, "num_threads": 1}
+    components = {"step_buffer": None, "model_pool": None, "tracker": None}
+    learner = StandardLearner(tiny_model_dir, algorithm=algorithm, **(components | options | kw))
+    torch.manual_seed(0)  # the LoRA initialisation
+    learner.initialize()
+    return learner
+
+
+def _scored(learner, prompt, completion, reward, shift=0.0, **kw):
+    """A step whose behaviour log-probs are the learner's current ones minus `shift`."""
+    step = _step(prompt=prompt, completion=completion, reward=reward, **kw)
+    with torch.no_grad():
+        batch = collate([step], learner.pad_id)
+        logp = learner.token_logprobs(batch)[batch.completion_mask.bool()]  # (n_completion,)
+    return _step(prompt=prompt, completion=completion, behaviour=(logp - shift).tolist(), reward=reward, **kw)
+
+
+def _bandit_batch(learner, bandit, copies=4):
+    """`copies` samples of each action from the current policy: +1 for the good one, -1 for the bad one."""
+    good = _scored(learner, bandit["prompt"], bandit["good"], 1.0, group_id="g")
+    bad = _scored(learner, bandit["prompt"], bandit["bad"], -1.0, group_id="g")
+    return [good] * copies + [bad] * copies
+
+
+def _margin(learner, bandit):
+    """log pi(good) - log pi(bad) on the bandit prompt."""
+    good, bad = (_scored(learner, bandit["prompt"], c, 0.0) for c in (bandit["good"], bandit["bad"]))
+    return sum(good.behaviour_logprobs) - sum(bad.behaviour_logprobs)
+
+
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [
+        ("reinforce", {}),
+        ("group_baseline", {"scale_by_std": True}),
+        ("ppo", {"epochs": 2, "minibatch_size": 4}),
+        ("a2c", {}),
+        ("vtrace_awr", {"temperature": 0.5}),
+    ],
+)
+def test_each_algorithm_learns_the_two_action_bandit(tiny_model_dir, bandit, name, args):
+    learner = _learner(tiny_model_dir, ALGORITHMS[name](**args))
+    before = _margin(learner, bandit)
+    for _ in range(20):
+        metrics = learner.train_step(_bandit_batch(learner, bandit))
+    assert _margin(learner, bandit) - before > 1.5  # p(good) / p(bad) grew by more than e^1.5
+    assert all(math.isfinite(v) for v in metrics.values())
+    # on-policy data: ratio 1, up to what PPO's earlier minibatches of its first epoch moved
+    assert metrics["learner/ratio_mean"] == pytest.approx(1.0, abs=1e-4 if name != "ppo" else 0.05)
+
+
+def test_vtrace_awr_kl_multiplier_follows_the_target_and_ratios_are_logged(tiny_model_dir, bandit):
+    coefs = {}
+    for target in (1e-4, 10.0):
+        learner = _learner(tiny_model_dir, VTraceAWR(kl_target=target, kl_coef_init=0.1, kl_coef_lr=0.1))
+        # behaviour log-probs 0.5 below the current ones on every token: each ratio is e^0.5
+        steps = [_scored(learner, bandit["prompt"], bandit["good"], 1.0, shift=0.5)] * 4
+        metrics = learner.train_step(steps)
+        assert metrics["learner/ratio_mean"] == pytest.approx(math.exp(0.5), rel=1e-4)
+        assert metrics["learner/ratio_max"] == pytest.approx(math.exp(0.5), rel=1e-4)
+        assert metrics["learner/rho_mean"] == pytest.approx(1.0)  # e^(0.5 * 5 tokens) truncated at rho_bar
+        assert metrics["learner/approx_kl"] == pytest.approx(math.expm1(0.5) - 0.5, rel=1e-3)
+        coefs[target] = metrics["learner/kl_coef"]
+    assert coefs[1e-4] > 0.1 > coefs[10.0]  # up while KL is above the target, down while below
+
+
+def test_vtrace_awr_fits_values_on_the_cache_with_two_forward_passes_per_update(tiny_model_dir, bandit):
+    learner = _learner(tiny_model_dir, VTraceAWR(vf_epochs=5, vf_lr=0.01, vf_minibatch_size=4))
+    forwards = []
+    forward = learner.forward
+    learner.forward = lambda batch, **kw: forwards.append(1) or forward(batch, **kw)
+    value_losses = []
+    for _ in range(8):
+        winning = _scored(learner, bandit["prompt"], bandit["good"], 1.0)
+        losing = _scored(learner, bandit["other_prompt"], bandit["good"], -1.0)  # reward depends on the state
+        forwards.clear()
+        metrics = learner.train_step([winning] * 4 + [losing] * 4)
+        assert len(forwards) == 2  # the cached pass and the policy pass (one micro-batch each)
+        value_losses.append((metrics["learner/vf_pre_loss"], metrics["learner/vf_post_loss"]))
+    assert value_losses[0][0] > 0.5 and value_losses[-1][1] < 0.2  # V = 0 everywhere would score 1.0
+
+
+def test_a2c_value_head_joins_the_optimizer(tiny_model_dir):
+    algorithm = A2C(value_lr=0.005)
+    learner = _learner(tiny_model_dir, algorithm)
+    head_params = set(algorithm.value_head.parameters())
+    groups = learner.optimizer.param_groups
+    assert groups[-1]["lr"] == 0.005 and set(groups[-1]["params"]) == head_params
+
+
+# --- staleness ----------------------------------------------------------------------------------------------
+
+
+def test_stale_samples_are_dropped_and_counted(tiny_model_dir, tmp_path, bandit):
+    pool = ModelPool()
+    pool.add_checkpoint(path=None, iteration=-1)
+    buffer = StepBuffer(max_buffer_size=16)
+    learner = _learner(
+        tiny_model_dir, Reinforce(), step_buffer=buffer, model_pool=pool, tracker=Tracker(tmp_path),
+        run_dir=str(tmp_path), batch_size=4, max_staleness=2,
+    )  # fmt: skip
+    learner.step = 5  # as if five updates had been made
+    versions = [5, 4, 2, -1]  # staleness 0, 1, 3, 5 (the base model counts as version 0)
+    steps = [_step(policy_version=v, reward=1.0) for v in versions]
+    assert [learner.staleness(s) for s in steps] == [0, 1, 3, 5]
+    assert learner.drop_stale(steps) == (steps[:2], 2)
+    buffer.steps.extend(steps)
+    row = learner.train(1)[0]
+    assert row["learner/stale_dropped"] == 2 and row["learner/batch_size"] == 2
+    assert row["learner/staleness_max"] == 1 and row["learner/step"] == 6
+
+
+# --- configuration ------------------------------------------------------------------------------------------
+
+
+def test_config_carries_algorithm_args_staleness_bound_and_group_size():
+    data = {
+        "model": {"path": "m"},
+        "collector": {"training_envs": [["TicTacToe-v0-train", 2, "qwen3-zs"]], "group_size": 4},
+        "learner": {"max_staleness": 2, "algorithm": {"name": "vtrace_awr", "args": {"temperature": 0.5}}},
+    }
+    cfg = validate_config(data)
+    assert cfg.collector.group_size == 4 and cfg.learner.max_staleness == 2
+    assert ALGORITHMS[cfg.learner.algorithm.name](**cfg.learner.algorithm.args).temperature == 0.5
+    data["collector"]["group_size"] = 0
+    with pytest.raises(ConfigError, match="collector.group_size = 0"):
+        validate_config(data)

@@ -1,0 +1,128 @@
+"""Branched games: TextArena envs deep-copy, G continuations share a group id, the buffer keeps groups whole."""
+
+import copy
+import logging
+import random
+
+from unstable.agents.base import Agent
+from unstable.agents.scripted import RandomAgent, parse_legal_moves
+from unstable.buffer import StepBuffer
+from unstable.collector import Collector
+from unstable.games.branching import play_branched_episode, random_branch_turn
+from unstable.games.episode import start_env
+from unstable.inference.base import GenerationResult
+from unstable.pool import ModelPool
+from unstable.records import Decision, EnvSpec, Step
+from unstable.rewards import WinDrawLossFormatter
+from unstable.tracking import Tracker
+
+TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
+KUHN = EnvSpec("KuhnPoker-v0-train", 2, "qwen3-zs")  # three rounds: later deals draw on global `random`
+
+
+class _Always(Agent):
+    """Plays the first move the env offers (deterministic, so only chance can make games differ)."""
+
+    name = "always"
+
+    def act(self, observation):
+        return Decision(action=parse_legal_moves(observation)[0])
+
+
+def test_deep_copied_envs_continue_independently():
+    for spec, move in ((TICTACTOE, "[4]"), (KUHN, "[check]")):
+        env = start_env(spec, seed=3)
+        env.get_observation()
+        twin = copy.deepcopy(env)
+        twin.step(move)
+        assert env.state.turn == 0 and twin.state.turn == 1  # the original did not move
+        env.step(move)
+        assert env.get_observation() == twin.get_observation()  # same state, same observation
+
+
+def test_tictactoe_branches_share_a_group_id_and_continue_independently():
+    agents = {0: RandomAgent(0), 1: RandomAgent(1)}
+    records = play_branched_episode(
+        TICTACTOE, agents, seed=5, group_size=4, branch_turn_selector=lambda seed: 2, learner_player_ids=(0,)
+    )
+    assert len(records) == 4 and not any(r.failed for r in records)
+    branch_steps = [next(s for s in r.steps if s.group_id is not None) for r in records]
+    assert {s.group_id for s in branch_steps} == {"TicTacToe-v0-train:5:2"}
+    assert all(s.turn == 2 and s.player_id == 0 for s in branch_steps)  # the first learner decision at turn >= 2
+    assert len({s.observation for s in branch_steps}) == 1  # the same copied state
+    assert [s.turn for s in records[0].steps[:3]] == [0, 1, 2]  # the first record holds the whole game
+    assert all(r.steps[0].turn == 2 for r in records[1:])  # the others start at the branch
+    assert sum(s.group_id is not None for r in records for s in r.steps) == 4  # only the branch decisions
+    assert len({tuple(s.action for s in r.steps[-4:]) for r in records}) > 1  # the copies diverged
+
+
+def test_kuhn_branches_replay_the_same_chance_events():
+    records = play_branched_episode(
+        KUHN, {0: _Always(), 1: _Always()}, seed=7, group_size=3, branch_turn_selector=lambda seed: 1,
+        learner_player_ids=(0, 1),
+    )  # fmt: skip
+    assert len(records) == 3
+    continuations = [[s.observation for s in r.steps if s.turn >= 1] for r in records]
+    assert continuations[0] == continuations[1] == continuations[2]  # same later deals in every copy
+    assert records[0].rewards == records[1].rewards == records[2].rewards
+
+
+def test_uncopyable_env_or_short_game_falls_back_to_one_plain_record(monkeypatch, caplog):
+    agents = {0: RandomAgent(0), 1: RandomAgent(1)}
+    late = play_branched_episode(TICTACTOE, agents, 1, 4, branch_turn_selector=lambda seed: 50, learner_player_ids=(0,))
+    assert len(late) == 1 and not late[0].failed and all(s.group_id is None for s in late[0].steps)
+
+    def refuse(*args, **kwargs):
+        raise TypeError("cannot pickle '_thread.lock' object")
+
+    monkeypatch.setattr(copy, "deepcopy", refuse)
+    with caplog.at_level(logging.WARNING):
+        records = play_branched_episode(TICTACTOE, agents, 1, 4, learner_player_ids=(0,))
+    assert len(records) == 1 and not records[0].failed and records[0].rewards
+    assert all(s.group_id is None for s in records[0].steps)
+    assert "cannot deep-copy" in caplog.text
+
+
+def test_random_branch_turn_is_deterministic_in_the_seed():
+    select = random_branch_turn(window=6)
+    assert select(11) == select(11) and {select(seed) for seed in range(50)} == set(range(6))
+
+
+def _step(group_id=None):
+    return Step("E", 0, 0, "o", "a", completion_token_ids=(1,), behaviour_logprobs=(0.0,), group_id=group_id)
+
+
+def test_buffer_draws_whole_groups():
+    buffer = StepBuffer(max_buffer_size=64, seed=3)
+    buffer.steps.extend(_step(f"g{i % 3}") for i in range(12))  # three groups of four, interleaved
+    for _ in range(2):
+        batch = buffer.get_batch(4)
+        assert len({s.group_id for s in batch}) == 1
+    buffer.steps.extend(_step() for _ in range(3))
+    batch = buffer.get_batch(6)  # one group of 4 left and 3 lone steps: the group is drawn whole or not at all
+    assert len(batch) == 6 and sum(s.group_id is not None for s in batch) in (3, 4)
+
+
+class _FakeEngine:
+    """Answers every request with a random legal TicTacToe move and made-up tokens."""
+
+    def __init__(self):
+        self.rng = random.Random(0)
+
+    def generate(self, request):
+        move = self.rng.choice(parse_legal_moves(request.prompt))
+        return GenerationResult(f"\\boxed{{{move}}}", (1, 2), (3,), (-0.5,))
+
+
+def test_collector_group_size_sends_every_branch_to_the_buffer(tmp_path):
+    pool = ModelPool(sample_mode="mirror")
+    pool.add_checkpoint(path=None, iteration=-1)
+    buffer = StepBuffer(max_buffer_size=256, final_reward_transformation=WinDrawLossFormatter())
+    collector = Collector(
+        _FakeEngine(), pool, buffer, Tracker(tmp_path), training_envs=[TICTACTOE], group_size=3, seed=1
+    )
+    collector.play_one(is_eval=False)
+    grouped = [s for s in buffer.steps if s.group_id is not None]
+    assert len(grouped) == 3 and len({s.group_id for s in grouped}) == 1
+    assert pool.games_played == 1  # ratings see one whole game
+    assert buffer.counters["games_added"] == 3

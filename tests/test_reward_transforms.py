@@ -1,0 +1,108 @@
+"""Reward transforms with hand-computed numbers, the registry, and seed 002's three-stage pipeline end to end."""
+
+import math
+
+import pytest
+
+import unstable.reward_transformations as retra
+from unstable.buffer import StepBuffer
+from unstable.config.schema import TransformConfig
+from unstable.records import GameRecord, Step
+
+
+def _step(pid=0, reward=0.0, env_id="TicTacToe-v0-train", format_ok=True, invalid_move=False):
+    return Step(
+        env_id=env_id,
+        player_id=pid,
+        turn=0,
+        observation="o",
+        action="[1]",
+        completion_token_ids=(5,),
+        behaviour_logprobs=(-0.5,),
+        format_ok=format_ok,
+        invalid_move=invalid_move,
+        reward=reward,
+    )
+
+
+def test_role_advantage_formatter_subtracts_an_ema_per_role_updated_first():
+    fmt = retra.RoleAdvantageFormatter(tau=0.5)
+    game = {0: 1.0, 1: -1.0}
+    assert fmt(game) == {0: 0.5, 1: -0.5}  # b = 0.5 * 0 + 0.5 * r
+    assert fmt(game, env_id="Other") == {0: 0.25, 1: -0.25}  # b = 0.75 / -0.75, whatever the env
+    assert game == {0: 1.0, 1: -1.0}  # the input is untouched
+
+
+def test_role_advantage_by_env_keeps_one_baseline_per_env_and_role():
+    fmt = retra.RoleAdvantageByEnvFormatter(tau=0.5)
+    assert fmt({0: 1.0, 1: -1.0}, env_id="A") == {0: 0.5, 1: -0.5}
+    assert fmt({0: 1.0, 1: -1.0}, env_id="B") == {0: 0.5, 1: -0.5}  # B starts from 0
+    assert fmt({0: -1.0, 1: 1.0}, env_id="A") == {0: -0.75, 1: 0.75}  # b_A = (0.5 - 1) / 2 = -0.25
+    assert fmt.baselines == {("A", 0): -0.25, ("A", 1): 0.25, ("B", 0): 0.5, ("B", 1): -0.5}
+    assert retra.RoleAdvantageByEnvFormatter().tau == 0.001  # the seed's default
+
+
+def test_reward_for_format_adds_reward_or_penalty():
+    step = _step(reward=1.0)
+    assert retra.RewardForFormat(1.5)(step).reward == 2.5
+    assert retra.RewardForFormat(1.5)(_step(reward=1.0, format_ok=False)).reward == 1.0  # penalty 0 by default
+    assert retra.RewardForFormat(1.0, -0.5)(_step(reward=1.0, format_ok=False)).reward == 0.5
+    assert step.reward == 1.0  # a new step, not an edit
+
+
+def test_penalty_for_invalid_move_reads_seed_002_as_reward_then_penalty():
+    transform = retra.PenaltyForInvalidMove(1.0, -1.0)
+    assert transform(_step(reward=-1.0)).reward == 0.0  # valid move: +1
+    assert transform(_step(reward=-1.0, invalid_move=True)).reward == -2.0  # invalid move: -1
+
+
+def test_normalize_rewards_by_env_per_env_mean_and_optional_std():
+    steps = [_step(reward=r, env_id=e) for r, e in [(1, "A"), (0, "B"), (3, "A"), (0, "B"), (6, "B")]]
+    centred = retra.NormalizeRewardsByEnv(False)(steps)
+    assert [s.reward for s in centred] == [-1.0, -2.0, 1.0, -2.0, 4.0]  # means: A 2, B 2
+    z = retra.NormalizeRewardsByEnv(True)(steps)
+    std_b = math.sqrt(8)  # population std of (0, 0, 6)
+    assert [s.reward for s in z] == pytest.approx([-1.0, -2 / std_b, 1.0, -2 / std_b, 4 / std_b])
+    assert [s.env_id for s in z] == ["A", "B", "A", "B", "B"]  # order kept
+    assert [s.reward for s in steps] == [1, 0, 3, 0, 6]  # inputs untouched
+    assert retra.NormalizeRewardsByEnv(True)([_step(reward=2.0)])[0].reward == 0.0  # a lone step: 0, no NaN
+
+
+def test_registry_builds_every_transform_and_config_accepts_their_names():
+    expected = {
+        "WinDrawLossFormatter",
+        "RoleAdvantageFormatter",
+        "RoleAdvantageByEnvFormatter",
+        "RewardForFormat",
+        "PenaltyForInvalidMove",
+        "NormalizeRewardsByEnv",
+    }
+    assert set(retra.TRANSFORMS) == expected
+    assert retra.build_transform("PenaltyForInvalidMove", {"reward": 1.0, "penalty": -1.0}).penalty == -1.0
+    assert retra.build_transform("NormalizeRewardsByEnv", {"z_score": True}).z_score
+    for name in expected:
+        TransformConfig(name=name)
+    with pytest.raises(ValueError, match="RewardForFormat"):
+        retra.build_transform("RewardForFormats")
+
+
+def test_seed_002_pipeline_end_to_end_in_the_buffer():
+    buffer = StepBuffer(
+        max_buffer_size=10,
+        final_reward_transformation=retra.ComposeFinalRewardTransforms([retra.RoleAdvantageByEnvFormatter()]),
+        step_reward_transformation=retra.ComposeStepRewardTransforms(
+            [retra.RewardForFormat(1.5), retra.PenaltyForInvalidMove(1.0, -1.0)]
+        ),
+        sampling_reward_transformation=retra.ComposeSamplingRewardTransforms([retra.NormalizeRewardsByEnv(True)]),
+    )
+    steps = (_step(0), _step(1), _step(0, format_ok=False), _step(1, invalid_move=True))
+    buffer.add_game(
+        GameRecord("TicTacToe-v0-train", 0, {0: "a", 1: "b"}, steps, {0: 1, 1: -1}, learner_player_ids=(0, 1))
+    )
+    # final: 1 - 0.001 = 0.999 and -1 + 0.001 = -0.999; step: +1.5 if format ok, +1 valid / -1 invalid
+    stored = sorted(s.reward for s in buffer.steps)
+    assert stored == pytest.approx([-0.999 + 1.5 - 1.0, -0.999 + 2.5, 0.999 + 1.0, 0.999 + 2.5])
+    mean = sum(stored) / 4
+    std = math.sqrt(sum((r - mean) ** 2 for r in stored) / 4)
+    batch = sorted(s.reward for s in buffer.get_batch(4))
+    assert batch == pytest.approx([(r - mean) / std for r in stored])
