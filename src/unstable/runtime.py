@@ -148,9 +148,11 @@ def train(cfg: RunConfig, on_row: Callable[[dict[str, Any]], None] = lambda row:
             )
         )
         ray.get(pool.add_checkpoint.remote(path=cfg.learner.initial_lora_path, iteration=-1))
+        # the model-holding actors reserve no Ray CPU (their torch threads are `num_threads`; GPUs place them),
+        # so several inference actors and the learner fit on a 2-CPU machine
         servers = [
             ray.remote(InferenceServer)
-            .options(name=f"Inference-{i}", max_concurrency=4096, num_gpus=cfg.inference.num_gpus)
+            .options(name=f"Inference-{i}", max_concurrency=4096, num_cpus=0, num_gpus=cfg.inference.num_gpus)
             .remote(
                 backend_factory(cfg, model_path),
                 max_batch_size=cfg.inference.max_batch_size,
@@ -178,13 +180,14 @@ def train(cfg: RunConfig, on_row: Callable[[dict[str, Any]], None] = lambda row:
                 tokenizer=_chat_tokenizer(cfg, model_path),
                 max_turns=cfg.collector.max_turns,
                 seed=cfg.run.seed,
+                group_size=cfg.collector.group_size,
             )
         )
         learner_cfg = cfg.learner
         algorithm = ALGORITHMS[learner_cfg.algorithm.name](**learner_cfg.algorithm.args)
         learner = (
             ray.remote(StandardLearner)
-            .options(name="Learner", num_gpus=learner_cfg.num_gpus)
+            .options(name="Learner", num_cpus=0, num_gpus=learner_cfg.num_gpus)
             .remote(
                 model_path,
                 buffer_proxy,
@@ -205,6 +208,7 @@ def train(cfg: RunConfig, on_row: Callable[[dict[str, Any]], None] = lambda row:
                 dtype=cfg.model.dtype,
                 num_threads=learner_cfg.num_threads,
                 device="cuda" if learner_cfg.num_gpus else "cpu",
+                max_staleness=learner_cfg.max_staleness,
             )
         )
         learner_ready = learner.initialize.remote()

@@ -5,6 +5,10 @@ engine, so threads cost little and no process per game is needed). Each finished
 StepBuffer and the ModelPool's ratings; every game's summary goes to the Tracker; then a new game starts.
 The learner's seat always plays the pool's latest checkpoint, so a new checkpoint is picked up by the very
 next game while games already running finish on the adapter they started with.
+
+With `group_size` G > 1 each training game branches into G continuations from a copied decision state
+(`games.branching`): every branch goes to the StepBuffer, while ratings and the Tracker see only the first,
+whole game (the branches share its prefix, so they are not independent games).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 from unstable.agents.base import Agent
 from unstable.agents.policy import GenerationClient, PolicyAgent
 from unstable.agents.scripted import make_scripted_agent
+from unstable.games.branching import play_branched_episode
 from unstable.games.episode import DEFAULT_MAX_TURNS, play_episode
 from unstable.games.templates import get_template
 from unstable.pool.model_pool import Opponent
@@ -44,6 +49,7 @@ class Collector:
         tokenizer: Any = None,
         max_turns: int = DEFAULT_MAX_TURNS,
         seed: int = 0,
+        group_size: int = 1,
     ):
         if not training_envs:
             raise ValueError("Collector needs at least one training env")
@@ -57,6 +63,7 @@ class Collector:
         self.tokenizer = tokenizer
         self.max_turns = max_turns
         self.seed = seed
+        self.group_size = group_size
         self._game_counter = itertools.count()
         self._stop = threading.Event()
 
@@ -111,14 +118,17 @@ class Collector:
             self._opponent_factory(opponent, spec, seed),
             mirror=not is_eval and opponent.checkpoint == learner,
         )
-        record = play_episode(
-            spec, agents, seed, max_turns=self.max_turns, is_eval=is_eval, learner_player_ids=learner_ids
-        )
+        options = {"max_turns": self.max_turns, "is_eval": is_eval, "learner_player_ids": learner_ids}
+        if is_eval or self.group_size == 1:
+            records = [play_episode(spec, agents, seed, **options)]
+        else:
+            records = play_branched_episode(spec, agents, seed, self.group_size, **options)
         if not is_eval:
-            self.step_buffer.add_game(record)
-            self.model_pool.record_game(record)
-        self.tracker.add_game(summarize_game(record))
-        return record
+            for record in records:
+                self.step_buffer.add_game(record)
+            self.model_pool.record_game(records[0])
+        self.tracker.add_game(summarize_game(records[0]))
+        return records[0]
 
     def _opponent_factory(self, opponent: Opponent, spec: EnvSpec, seed: int) -> Callable[[int], Agent]:
         if opponent.checkpoint is not None:

@@ -88,8 +88,9 @@ class InferenceConfig(_Strict):
     max_loras: int = Field(4, ge=1)
     max_model_len: int = Field(4096, ge=16)
     num_threads: int | None = Field(1, ge=1, description="torch threads of the inference process")
-    num_gpus: float = Field(0.0, ge=0.0)
+    num_gpus: float = Field(0.0, ge=0.0, description="GPUs of each inference actor")
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
+    num_actors: int = Field(1, ge=1, description="inference server actors; the collector spreads requests over them")
 
 
 class CollectorConfig(_Strict):
@@ -101,6 +102,9 @@ class CollectorConfig(_Strict):
     training_envs: list[EnvSpecConfig]
     evaluation_envs: list[EnvSpecConfig] = []
     evaluation_opponent: str = "random"
+    group_size: int = Field(
+        1, ge=1, description="continuations per training game branched from a copied decision state (1: off)"
+    )
 
     @field_validator("evaluation_opponent")
     @classmethod
@@ -199,6 +203,9 @@ class LearnerConfig(_Strict):
     initial_lora_path: str | None = None
     num_threads: int | None = Field(1, ge=1)
     num_gpus: float = Field(0.0, ge=0.0)
+    max_staleness: int | None = Field(
+        None, ge=0, description="drop samples from policies more than this many updates old (None: keep all)"
+    )
     algorithm: AlgorithmConfig = AlgorithmConfig()
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
 from unstable.inference.base import GenerationRequest, GenerationResult, InferenceBackend, SamplingConfig
+from unstable.inference.client import InferenceClient
 from unstable.inference.server import InferenceServer
 
 BACKENDS = ("transformers", "vllm")
@@ -20,11 +23,15 @@ def make_backend(
     seed: int = 0,
     **engine_kwargs,
 ) -> InferenceBackend:
-    """Build a backend by name (runs inside the inference process, so heavy imports happen there)."""
+    """Build a backend by name (runs inside the inference process, so heavy imports happen there).
+
+    "vllm" raises ImportError naming the extra to install when vLLM is missing.
+    """
     if num_threads:
         import torch
 
         torch.set_num_threads(num_threads)
+        os.environ["OMP_NUM_THREADS"] = str(num_threads)  # and vLLM's engine core process, which inherits it
     if backend == "transformers":
         from unstable.inference.transformers_backend import TransformersBackend
 
@@ -49,6 +56,7 @@ __all__ = [
     "GenerationRequest",
     "GenerationResult",
     "InferenceBackend",
+    "InferenceClient",
     "InferenceServer",
     "SamplingConfig",
     "make_backend",

@@ -40,6 +40,24 @@ class GenerationResult:
     finish_reason: str = "stop"
 
 
+def prompt_fits(prompt_ids: list[int], max_model_len: int, sampling: SamplingConfig) -> bool:
+    """Whether a prompt leaves room for `max_new_tokens` within the model's context."""
+    return len(prompt_ids) <= max_model_len - sampling.max_new_tokens
+
+
+def prompt_too_long(prompt_ids: list[int]) -> GenerationResult:
+    """The result for a prompt that does not fit: no completion, `finish_reason="prompt_too_long"`."""
+    return GenerationResult("", tuple(prompt_ids), (), (), finish_reason="prompt_too_long")
+
+
+def decoded_result(
+    tokenizer, prompt_ids: list[int], tokens: list[int], logprobs: list[float], finish_reason: str
+) -> GenerationResult:
+    """A result whose text is the completion decoded without special tokens (the eos token stays in the ids)."""
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    return GenerationResult(text, tuple(prompt_ids), tuple(tokens), tuple(logprobs), finish_reason)
+
+
 class InferenceBackend(ABC):
     """A model server: batched generation with several LoRA adapters resident at once."""
 
@@ -58,3 +76,6 @@ class InferenceBackend(ABC):
     def load_weights(self, path: str) -> None:
         """Replace the base weights in place (full fine-tuning); backends that cannot do it say so."""
         raise NotImplementedError(f"{type(self).__name__} cannot reload full weights")
+
+    def close(self) -> None:  # noqa: B027 - a no-op default, not abstract
+        """Release what the backend holds beyond its memory (threads, engine processes); nothing by default."""

@@ -2,8 +2,10 @@
 
 Game threads call `generate` concurrently and block on a future; one worker thread drains the queue, makes
 sure each batch's adapters are resident (loading from the checkpoint path, evicting the least recently used
-beyond `max_loras`), runs the backend and resolves the futures. The Ray actor is this class under
-`ray.remote(max_concurrency=...)`: the same code serves local runs and tests.
+beyond `max_loras`), runs the backend and resolves the futures. A backend with its own `submit` (vLLM's
+continuously batching engine, which also manages its adapters) gets each request straight away instead; the
+server only counts. The Ray actor is this class under `ray.remote(max_concurrency=...)`: the same code serves
+local runs and tests.
 """
 
 from __future__ import annotations
@@ -46,12 +48,13 @@ class InferenceServer:
         self._stopped = threading.Event()
 
     def start(self) -> None:
-        """Build the backend (loads the model) and start the batching thread. Idempotent."""
-        if self._worker is not None:
+        """Build the backend (loads the model); start the batching thread unless it batches itself. Idempotent."""
+        if self._backend is not None:
             return
         self._backend = self._backend_factory()
-        self._worker = threading.Thread(target=self._serve, name="inference-batcher", daemon=True)
-        self._worker.start()
+        if not hasattr(self._backend, "submit"):
+            self._worker = threading.Thread(target=self._serve, name="inference-batcher", daemon=True)
+            self._worker.start()
 
     def stop(self) -> None:
         """Stop the batching thread; pending requests fail with RuntimeError."""
@@ -63,16 +66,33 @@ class InferenceServer:
         return self.submit(request).result()
 
     def submit(self, request: GenerationRequest) -> Future:
-        """Queue one request and return a future for its result."""
-        if self._worker is None:
+        """Queue one request (or hand it to a self-batching backend) and return a future for its result."""
+        if self._backend is None:
             raise RuntimeError("InferenceServer.start() was not called")
+        if self._worker is None:
+            return self._submit_direct(request)
         future: Future = Future()
         self._queue.put((request, future))
         return future
 
     def stats(self, reset: bool = True) -> dict[str, float]:
-        """Throughput counters since the last reset: requests, batches, generated tokens, tokens/s."""
+        """Throughput counters since the last reset: requests, batches, generated tokens, tokens/s.
+
+        With a self-batching backend every request counts as one batch and `busy_fraction` is the mean
+        number of requests in flight.
+        """
         return self._counters.snapshot(reset)
+
+    def _submit_direct(self, request: GenerationRequest) -> Future:
+        start = time.perf_counter()
+
+        def count(future: Future) -> None:
+            if future.exception() is None:
+                self._counters.add([future.result()], time.perf_counter() - start)
+
+        future = self._backend.submit(request)
+        future.add_done_callback(count)
+        return future
 
     def _serve(self) -> None:
         while not self._stopped.is_set():
@@ -145,6 +165,17 @@ class InferenceServer:
             _, future = self._queue.get_nowait()
             if future is not None:
                 future.set_exception(RuntimeError("inference server stopped"))
+
+
+def merge_stats(per_server: list[dict[str, float]]) -> dict[str, float]:
+    """One `stats()` row for several servers: counts and tokens/s add up, busy fraction is the mean."""
+    merged = {key: sum(stats[key] for stats in per_server) for key in _SUMMED}
+    merged["inference/mean_batch_size"] = merged["inference/requests"] / max(merged["inference/batches"], 1)
+    merged["inference/busy_fraction"] = sum(s["inference/busy_fraction"] for s in per_server) / len(per_server)
+    return merged
+
+
+_SUMMED = ("inference/requests", "inference/batches", "inference/generated_tokens", "inference/tokens_per_s")
 
 
 class _Counters:

