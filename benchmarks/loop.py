@@ -74,7 +74,6 @@ def run_loop(args) -> dict:
         "wall_s": time.perf_counter() - start,
         "games_per_s": statistics.mean(r["collector/games_per_s"] for r in steady),
         "tokens_per_s": statistics.mean(r["inference/tokens_per_s"] for r in steady),
-        "mean_batch": statistics.mean(r["inference/mean_batch_size"] for r in steady),
         "learner_s_per_step": statistics.mean(r["learner/update_seconds"] for r in steady),
         "peak_rss_gb": memory.peak_bytes / 1e9,
     }
@@ -94,7 +93,9 @@ def run_bare(args, batch: int) -> dict:
     tokens, start = 0, time.perf_counter()
     for _ in range(args.bare_rounds):
         tokens += sum(len(r.completion_token_ids) for r in backend.generate(requests))
-    return {"batch": batch, "tokens_per_s": tokens / (time.perf_counter() - start)}
+    elapsed = time.perf_counter() - start
+    backend.close()
+    return {"batch": batch, "tokens_per_s": tokens / elapsed}
 
 
 def main() -> None:
@@ -110,14 +111,13 @@ def main() -> None:
     args = parser.parse_args()
 
     loop = run_loop(args)
-    bare = run_bare(args, batch=round(loop["mean_batch"]))
+    bare = run_bare(args, batch=args.workers)  # the engine alone with as many requests as the loop has games
     result = {"backend": args.backend, "settings": vars(args), "loop": loop, "bare": bare,
               "loop_over_bare": loop["tokens_per_s"] / bare["tokens_per_s"], "cpus": os.cpu_count()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"{'measure':<28}{'value':>12}")
     for key, value in [("loop games/s", loop["games_per_s"]), ("loop generated tok/s", loop["tokens_per_s"]),
-                       ("loop mean inference batch", loop["mean_batch"]),
                        ("learner s/step", loop["learner_s_per_step"]), ("peak RSS GB (all procs)", loop["peak_rss_gb"]),
                        (f"bare backend tok/s @ {bare['batch']}", bare["tokens_per_s"]),
                        ("loop / bare", result["loop_over_bare"])]:
