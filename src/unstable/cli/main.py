@@ -1,4 +1,5 @@
-"""The `unstable` command line: train from a YAML config, build the tiny model, list envs."""
+"""The `unstable` command line: train from a YAML config, warm-start by SFT, evaluate, build the tiny model,
+list envs."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 
@@ -71,6 +73,121 @@ def cmd_envs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _arg_type(check: Callable[[str], Any]) -> Callable[[str], str]:
+    """An argparse `type` that validates a value with `check` and reports its ValueError message."""
+
+    def parse(value: str) -> str:
+        try:
+            check(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return value
+
+    return parse
+
+
+def _scripted_agent(name: str) -> None:
+    from unstable.agents.scripted import make_scripted_agent
+
+    make_scripted_agent(name, seed=0)
+
+
+def _opponent(name: str) -> None:
+    from unstable.evaluation.evaluate import parse_opponent
+
+    parse_opponent(name)
+
+
+def _env_id(env_id: str) -> None:
+    from unstable.games.registry import validate_env_id
+
+    validate_env_id(env_id)
+
+
+def _template(name: str) -> None:
+    from unstable.games.templates import get_template
+
+    get_template(name)
+
+
+def _add_model_and_env_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="base model directory or hub id")
+    parser.add_argument("--build-tiny", action="store_true", help="build the tiny test model at --model if missing")
+    parser.add_argument("--env", default="TicTacToe-v0-train", type=_arg_type(_env_id), help="TextArena env id")
+    parser.add_argument("--num-players", type=int, default=2)
+    parser.add_argument("--template", default="qwen3-zs", type=_arg_type(_template), help="prompt template")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+
+
+def _model_and_spec(args: argparse.Namespace):
+    from unstable.records import EnvSpec
+
+    model = args.model
+    if args.build_tiny:
+        from unstable.models.tiny import ensure_tiny_model
+
+        model = str(ensure_tiny_model(args.model))
+    return model, EnvSpec(args.env, args.num_players, args.template)
+
+
+def _print_epoch(row: dict[str, float]) -> None:
+    print(f"epoch {row['epoch']}: loss {row['loss']:.4f} ({row['updates']} updates)", flush=True)
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    """`unstable sft`: warm-start a model on the moves of scripted agents; prints the checkpoint path."""
+    from transformers import AutoTokenizer
+
+    from unstable.learner.sft import generate_sft_steps, run_sft
+
+    model, spec = _model_and_spec(args)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    steps = generate_sft_steps(spec, args.agents, args.games, tokenizer, seed=args.seed)
+    print(f"unstable: {len(steps)} supervised moves from {args.games} games of {' vs '.join(args.agents)}", flush=True)
+    lora = {"lora_rank": args.lora_rank, "lora_alpha": 2 * args.lora_rank}
+    if args.lora_targets:
+        lora["target_modules"] = args.lora_targets
+    path = run_sft(
+        model,
+        steps,
+        out_dir=args.out_dir,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        learning_rate=args.lr,
+        lora_cfg=lora,
+        full_finetune=args.full_finetune,
+        seed=args.seed,
+        num_threads=args.threads,
+        on_epoch=_print_epoch,
+    )
+    print(f"checkpoint: {path}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """`unstable eval`: play a checkpoint against opponents, print the W/D/L table and write it as JSON."""
+    from unstable.evaluation.evaluate import evaluate, format_report, write_report
+    from unstable.inference import SamplingConfig
+
+    model, spec = _model_and_spec(args)
+    report = evaluate(
+        model,
+        spec,
+        args.opponents,
+        adapter=args.adapter,
+        games_per_opponent=args.games,
+        sampling=SamplingConfig(args.max_new_tokens, args.temperature),
+        concurrency=args.concurrency,
+        seed=args.seed,
+        num_threads=args.threads,
+    )
+    print(format_report(report))
+    if args.out:
+        print(f"report: {write_report(report, args.out)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
     parser = argparse.ArgumentParser(prog="unstable", description=__doc__)
@@ -88,6 +205,32 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("build-tiny-model", help="build the tiny local test model")
     tiny.add_argument("out_dir")
     tiny.set_defaults(func=cmd_build_tiny_model)
+    sft = sub.add_parser("sft", help="warm-start a model by SFT on moves of scripted agents")
+    _add_model_and_env_args(sft)
+    sft.add_argument(
+        "--agents", nargs="+", default=["random", "random"], type=_arg_type(_scripted_agent), help="one per seat"
+    )
+    sft.add_argument("--games", type=int, default=100, help="games to generate moves from")
+    sft.add_argument("--epochs", type=int, default=3)
+    sft.add_argument("--batch-size", type=int, default=32)
+    sft.add_argument("--lr", type=float, default=1e-3)
+    sft.add_argument("--lora-rank", type=int, default=16)
+    sft.add_argument("--lora-targets", nargs="+", default=None, help="LoRA target modules (default: the learner's)")
+    sft.add_argument("--full-finetune", action="store_true", help="train every weight and save a full model")
+    sft.add_argument("--out-dir", default="runs/sft")
+    sft.set_defaults(func=cmd_sft)
+    evaluation = sub.add_parser("eval", help="evaluate a checkpoint against opponents")
+    _add_model_and_env_args(evaluation)
+    evaluation.add_argument("--adapter", default=None, help="LoRA adapter directory of the checkpoint")
+    evaluation.add_argument(
+        "--opponents", nargs="+", default=["random"], type=_arg_type(_opponent), help="scripted names or adapter dirs"
+    )
+    evaluation.add_argument("--games", type=int, default=20, help="games per opponent (seats alternate)")
+    evaluation.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0: greedy)")
+    evaluation.add_argument("--max-new-tokens", type=int, default=8)
+    evaluation.add_argument("--concurrency", type=int, default=32, help="games in flight")
+    evaluation.add_argument("--out", default=None, help="write the report as JSON here")
+    evaluation.set_defaults(func=cmd_eval)
     envs = sub.add_parser("envs", help="list TextArena env ids")
     envs.set_defaults(func=cmd_envs)
     return parser

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from unstable.inference.base import (
@@ -60,7 +62,9 @@ class TransformersBackend(InferenceBackend):
     def unload_adapter(self, uid: str) -> None:
         """Delete adapter `uid`; the PeftModel wrapper stays (a batch may still name other adapters)."""
         if uid in self.adapters:
-            self.model.delete_adapter(uid)
+            with warnings.catch_warnings():  # PEFT warns when the "active" adapter goes; batches name theirs
+                warnings.filterwarnings("ignore", message="Adapter .* was active which is now deleted")
+                self.model.delete_adapter(uid)
             self.adapters.discard(uid)
 
     def load_weights(self, path: str) -> None:

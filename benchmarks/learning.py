@@ -1,0 +1,305 @@
+"""Learning benchmark: does self-play RL make the tiny model play better than its warm start?
+
+TicTacToe: the tiny model is warm-started by SFT on the moves of the random agent (random vs random games, so
+it learns the answer format and, at best, which moves are legal, but no strategy), evaluated against the
+random agent and minimax, trained by mirror self-play with `unstable.runtime.train`, and evaluated again at
+saved checkpoints. Kuhn Poker: the same warm start and self-play, with the exact exploitability of the
+model's first-round policy measured at saved checkpoints.
+
+Writes `learning.json` and one `learning-<algorithm>.png` per algorithm under `--out-dir` and prints a table.
+Run on demand (never from tests):
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/learning.py                  # Reinforce
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/learning.py --all-algorithms # every RL algorithm
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+from unstable.algorithms import ALGORITHMS  # noqa: E402
+from unstable.config.schema import validate_config  # noqa: E402
+from unstable.evaluation.evaluate import evaluate, kuhn_exploitability  # noqa: E402
+from unstable.evaluation.kuhn import kuhn_information_sets  # noqa: E402
+from unstable.inference import SamplingConfig  # noqa: E402
+from unstable.learner.learner import DEFAULT_LORA  # noqa: E402
+from unstable.learner.sft import generate_sft_steps, run_sft  # noqa: E402
+from unstable.models.tiny import ensure_tiny_model  # noqa: E402
+from unstable.records import EnvSpec  # noqa: E402
+from unstable.runtime import train  # noqa: E402
+
+TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
+KUHN = EnvSpec("KuhnPoker-v0-train", 2, "qwen3-zs")
+OPPONENTS = {TICTACTOE: ["random", "tictactoe-minimax"], KUHN: ["random", "kuhn-nash"]}
+# The tiny model's random embeddings are too small for sharp logits; a LoRA on the (tied) output layer fixes that.
+LORA_TARGETS = [*DEFAULT_LORA["target_modules"], "lm_head"]
+
+
+@dataclass
+class Settings:
+    """Every knob of the benchmark (each is also a command-line flag, `_` written as `-`)."""
+
+    out_dir: str = "benchmarks/results"
+    model_dir: str = ".cache/tiny-qwen3"
+    seed: int = 0
+    threads: int = 1
+    temperature: float = 1.0
+    max_new_tokens: int = 8
+    lora_rank: int = 16
+    sft_games: int = 300
+    sft_epochs: int = 2
+    sft_batch_size: int = 16
+    sft_lr: float = 1e-3
+    rl_steps: int = 120
+    rl_batch_size: int = 64
+    rl_lr: float = 3e-4
+    rl_workers: int = 32
+    kuhn_sft_games: int = 100
+    kuhn_rl_steps: int = 40
+    eval_games: int = 200
+    curve_points: int = 4
+    curve_games: int = 100
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """How every evaluation samples: the training temperature."""
+        return SamplingConfig(self.max_new_tokens, self.temperature)
+
+
+def warm_start(spec: EnvSpec, games: int, model: str, s: Settings) -> dict[str, Any]:
+    """SFT on random-vs-random moves of `spec`; returns the adapter path and the seconds it took."""
+    from transformers import AutoTokenizer
+
+    start = time.time()
+    steps = generate_sft_steps(spec, ["random", "random"], games, AutoTokenizer.from_pretrained(model), seed=s.seed)
+    adapter = run_sft(
+        model,
+        steps,
+        out_dir=str(Path(s.out_dir) / "runs" / f"sft-{spec.env_id}"),
+        epochs=s.sft_epochs,
+        batch_size=s.sft_batch_size,
+        learning_rate=s.sft_lr,
+        lora_cfg={"lora_rank": s.lora_rank, "lora_alpha": 2 * s.lora_rank, "target_modules": LORA_TARGETS},
+        num_threads=s.threads,
+        seed=s.seed,
+        on_epoch=lambda row: print(f"  sft {spec.env_id} epoch {row['epoch']}: loss {row['loss']:.4f}", flush=True),
+    )
+    return {"adapter": adapter, "moves": len(steps), "seconds": time.time() - start}
+
+
+def rl_config(spec: EnvSpec, algorithm: str, adapter: str, steps: int, model: str, s: Settings) -> dict[str, Any]:
+    """The RunConfig (as a dict) of mirror self-play from the warm-start adapter."""
+    return {
+        "run": {"name": f"rl-{spec.env_id}-{algorithm}", "dir": str(Path(s.out_dir) / "runs"), "seed": s.seed},
+        "model": {"path": model},
+        "inference": {
+            "max_new_tokens": s.max_new_tokens,
+            "temperature": s.temperature,
+            "num_threads": s.threads,
+            "max_loras": 8,  # games in flight may still play several recent checkpoints
+        },
+        "collector": {"num_workers": s.rl_workers, "max_turns": 30, "training_envs": [list(asdict(spec).values())]},
+        "pool": {"sample_mode": "mirror"},
+        "buffer": {
+            "max_buffer_size": 2 * s.rl_batch_size,
+            "final_reward_transforms": [{"name": "WinDrawLossFormatter"}],
+            # a rejected move is penalised itself (TextArena lets it retry, so the game result may be a win)
+            "step_reward_transforms": [{"name": "PenaltyForInvalidMove", "args": {"penalty": -1.0}}],
+            # a batch baseline: without it Reinforce's mostly negative rewards destroyed the answer format
+            "sampling_reward_transforms": [{"name": "NormalizeRewardsByEnv", "args": {"z_score": True}}],
+        },
+        "learner": {
+            "num_steps": steps,
+            "batch_size": s.rl_batch_size,
+            "learning_rate": s.rl_lr,
+            "initial_lora_path": adapter,
+            "num_threads": s.threads,
+            "algorithm": {"name": algorithm},
+        },
+        "evaluation": {"games_at_start": 0, "games_at_end": 0},
+    }
+
+
+def self_play(spec: EnvSpec, algorithm: str, adapter: str, steps: int, model: str, s: Settings) -> dict[str, Any]:
+    """Run RL; returns the run directory, a checkpoint path per step, the training rows and the seconds."""
+    start = time.time()
+    rows: list[dict[str, Any]] = []
+    summary = train(validate_config(rl_config(spec, algorithm, adapter, steps, model, s)), on_row=rows.append)
+    checkpoints = {0: adapter} | {k: f"{summary.run_dir}/checkpoints/ckpt-{k}" for k in range(1, steps + 1)}
+    keep = ("learner/step", "time", "learner/mean_reward", "collector/format_ok_rate", "collector/invalid_move_rate")
+    return {
+        "run_dir": summary.run_dir,
+        "checkpoints": checkpoints,
+        "train_games": summary.train_games,
+        "rows": [{k: row[k] for k in keep if k in row} for row in rows],
+        "seconds": time.time() - start,
+    }
+
+
+def curve_steps(total: int, points: int) -> list[int]:
+    """`points + 1` learner steps from 0 to `total`, evenly spaced."""
+    return sorted({round(total * i / points) for i in range(points + 1)})
+
+
+def outcome_point(step: int, report: dict[str, Any], opponent: str) -> dict[str, Any]:
+    """One curve point: the all-seats W/D/L summary of `opponent` in `report`, tagged with the step."""
+    result = report["opponents"][opponent]
+    return {"step": step, **result["all_seats"], "valid_move_rate": result["valid_move_rate"]}
+
+
+def evaluate_at(spec: EnvSpec, model: str, adapter: str, opponents: list[str], games: int, s: Settings):
+    """`evaluate` with the benchmark's sampling, seed and threads."""
+    return evaluate(
+        model,
+        spec,
+        opponents,
+        adapter=adapter,
+        games_per_opponent=games,
+        sampling=s.sampling,
+        seed=s.seed,
+        num_threads=s.threads,
+    )
+
+
+def tictactoe(algorithm: str, warm: dict[str, Any], model: str, s: Settings) -> dict[str, Any]:
+    """Self-play on TicTacToe, then the win-rate curve vs random and the final evaluation."""
+    run = self_play(TICTACTOE, algorithm, warm["adapter"], s.rl_steps, model, s)
+    final = evaluate_at(TICTACTOE, model, run["checkpoints"][s.rl_steps], OPPONENTS[TICTACTOE], s.eval_games, s)
+    curve = [outcome_point(0, warm["eval"], "random")]
+    for step in curve_steps(s.rl_steps, s.curve_points)[1:-1]:
+        report = evaluate_at(TICTACTOE, model, run["checkpoints"][step], ["random"], s.curve_games, s)
+        curve.append(outcome_point(step, report, "random"))
+    curve.append(outcome_point(s.rl_steps, final, "random"))
+    return {**run, "curve": curve, "final": final}
+
+
+def kuhn(algorithm: str, warm: dict[str, Any], model: str, infosets, s: Settings) -> dict[str, Any]:
+    """Self-play on Kuhn Poker, exploitability at evenly spaced checkpoints, and the final evaluation."""
+    run = self_play(KUHN, algorithm, warm["adapter"], s.kuhn_rl_steps, model, s)
+    curve = [
+        {"step": step, **kuhn_exploitability(model, KUHN, run["checkpoints"][step], s.temperature, infosets)}
+        for step in curve_steps(s.kuhn_rl_steps, s.curve_points * 2)
+    ]
+    final = evaluate_at(KUHN, model, run["checkpoints"][s.kuhn_rl_steps], OPPONENTS[KUHN], s.eval_games, s)
+    return {**run, "curve": curve, "final": final}
+
+
+def plot(name: str, result: dict[str, Any], path: Path) -> None:
+    """Two panels: TicTacToe win rate vs random (95% Wilson bars) and Kuhn exploitability, over learner steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    curve = result["tictactoe"]["curve"]
+    steps = [p["step"] for p in curve]
+    rates = [p["win_rate"] for p in curve]
+    errors = [[r - p["win_ci"][0] for r, p in zip(rates, curve)], [p["win_ci"][1] - r for r, p in zip(rates, curve)]]
+    left.errorbar(steps, rates, yerr=errors, marker="o", capsize=3, label="win rate vs random (95% CI)")
+    left.plot(steps, [p["valid_move_rate"] for p in curve], "s--", label="valid-move rate")
+    left.axhline(0.44, color="grey", linestyle=":", label="random vs random (0.44)")
+    left.set(title=f"TicTacToe, {name}", xlabel="learner step", ylim=(0, 1))
+    left.legend(fontsize=8)
+    kuhn_curve = result["kuhn"]["curve"]
+    right.plot([p["step"] for p in kuhn_curve], [p["exploitability"] for p in kuhn_curve], "o-")
+    right.axhline(0, color="grey", linestyle=":")
+    right.set(title=f"Kuhn Poker, {name}", xlabel="learner step", ylabel="exploitability (chips/round)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _rate(report: dict[str, Any], opponent: str, key: str = "win") -> str:
+    wdl = report["opponents"][opponent]["all_seats"]
+    if key == "non-loss":
+        low, high = wdl["loss_ci"]
+        return f"{1 - wdl['loss_rate']:.2f} [{1 - high:.2f}, {1 - low:.2f}]"
+    low, high = wdl["win_ci"]
+    return f"{wdl['win_rate']:.2f} [{low:.2f}, {high:.2f}]"
+
+
+def table(results: dict[str, Any]) -> str:
+    """Warm start and after-RL rows: TicTacToe win vs random, non-loss vs minimax, Kuhn exploitability."""
+    warm = results["warm_start"]
+    lines = [
+        f"{'policy':<22} {'TTT win vs random':<20} {'TTT non-loss vs minimax':<24} {'Kuhn exploitability':>19} "
+        f"{'RL wall s':>9}",
+        f"{'warm start (SFT)':<22} {_rate(warm['tictactoe']['eval'], 'random'):<20} "
+        f"{_rate(warm['tictactoe']['eval'], 'tictactoe-minimax', 'non-loss'):<24} "
+        f"{warm['kuhn']['exploitability']:>19.4f} {'':>9}",
+    ]
+    for name, result in results["algorithms"].items():
+        final = result["tictactoe"]["final"]
+        seconds = result["tictactoe"]["seconds"] + result["kuhn"]["seconds"]
+        lines.append(
+            f"{'after RL: ' + name:<22} {_rate(final, 'random'):<20} "
+            f"{_rate(final, 'tictactoe-minimax', 'non-loss'):<24} "
+            f"{result['kuhn']['curve'][-1]['exploitability']:>19.4f} {seconds:>9.0f}"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
+    """Settings from the flags, and the algorithms to run."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    rl_algorithms = [name for name in ALGORITHMS if name != "sft"]
+    parser.add_argument("--algorithm", default="reinforce", choices=rl_algorithms)
+    parser.add_argument("--all-algorithms", action="store_true", help="run every RL algorithm in ALGORITHMS")
+    for f in fields(Settings):
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
+    args = parser.parse_args(argv)
+    settings = Settings(**{f.name: getattr(args, f.name) for f in fields(Settings)})
+    return settings, rl_algorithms if args.all_algorithms else [args.algorithm]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark, write the JSON and PNGs, print the table; returns the results."""
+    s, algorithms = parse_args(argv)
+    start = time.time()
+    out = Path(s.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model = str(ensure_tiny_model(s.model_dir))
+    infosets = list(kuhn_information_sets(KUHN.env_id))
+    print("warm start: SFT on random-vs-random moves", flush=True)
+    warm = {
+        "tictactoe": warm_start(TICTACTOE, s.sft_games, model, s),
+        "kuhn": warm_start(KUHN, s.kuhn_sft_games, model, s),
+    }
+    for spec, game in ((TICTACTOE, "tictactoe"), (KUHN, "kuhn")):
+        warm[game]["eval"] = evaluate_at(spec, model, warm[game]["adapter"], OPPONENTS[spec], s.eval_games, s)
+    warm["kuhn"]["exploitability"] = warm["kuhn"]["eval"]["kuhn"]["exploitability"]
+    results = {
+        "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
+        "settings": asdict(s),
+        "warm_start": warm,
+        "algorithms": {},
+    }
+    for algorithm in algorithms:
+        print(f"self-play RL: {algorithm}", flush=True)
+        results["algorithms"][algorithm] = {
+            "tictactoe": tictactoe(algorithm, warm["tictactoe"], model, s),
+            "kuhn": kuhn(algorithm, warm["kuhn"], model, infosets, s),
+        }
+        plot(algorithm, results["algorithms"][algorithm], out / f"learning-{algorithm}.png")
+    results["wall_seconds"] = time.time() - start
+    (out / "learning.json").write_text(json.dumps(results, indent=2))
+    print(table(results))
+    print(f"wall time: {results['wall_seconds']:.0f}s; results in {out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,260 @@
+"""Evaluate a checkpoint: W/D/L per opponent and seat with Wilson intervals, and Kuhn Poker exploitability.
+
+Games run concurrently on threads that share one `InferenceServer` (no Ray): the model plays through a
+`PolicyAgent`, opponents are scripted agents or other LoRA adapters, and the model's seat alternates from
+game to game. Game `i` against every opponent uses seed `seed + i`, so two checkpoints evaluated with the
+same settings meet the same deals and openings.
+
+For Kuhn Poker the exploitability of the model's first-round policy is exact: at each information set the
+log-probability of every legal move's completion is scored with the learner's forward pass, giving the
+probability of the aggressive move, and `exploitability` computes the best responses to that strategy.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from unstable.agents.policy import GenerationClient, PolicyAgent
+from unstable.agents.scripted import SCRIPTED_AGENTS, make_scripted_agent
+from unstable.collector.collector import seat_agents
+from unstable.evaluation.kuhn import KuhnInfoSet, aggressive_probability, exploitability, kuhn_information_sets
+from unstable.evaluation.stats import WDL
+from unstable.games.episode import DEFAULT_MAX_TURNS, play_episode
+from unstable.games.templates import get_template
+from unstable.inference import InferenceServer, SamplingConfig, make_backend
+from unstable.records import Checkpoint, EnvSpec, GameRecord, Step
+
+MODEL_UID = "model"
+DEFAULT_SAMPLING = SamplingConfig(max_new_tokens=8, temperature=1.0)
+
+
+def parse_opponent(name: str) -> str | Checkpoint:
+    """A scripted agent's name (validated, e.g. 'random' or 'kuhn-nash:alpha=0.2') or, for an existing
+    directory, the LoRA adapter there as a Checkpoint."""
+    if name.partition(":")[0] in SCRIPTED_AGENTS:
+        make_scripted_agent(name, seed=0)
+        return name
+    if Path(name).is_dir():
+        return Checkpoint(uid=f"opponent:{name}", path=name)
+    raise ValueError(f"opponent {name!r} is neither a scripted agent ({', '.join(SCRIPTED_AGENTS)}) nor a directory")
+
+
+def play_matches(
+    client: GenerationClient,
+    model: Checkpoint,
+    spec: EnvSpec,
+    opponent: str | Checkpoint,
+    num_games: int,
+    *,
+    tokenizer: Any = None,
+    seed: int = 0,
+    concurrency: int = 32,
+    max_turns: int = DEFAULT_MAX_TURNS,
+) -> list[GameRecord]:
+    """Play `num_games` games of `model` against `opponent`, the model's seat alternating; game `i` uses seed
+    `seed + i` and puts the model in seat `i % num_players`."""
+    template = get_template(spec.prompt_template)
+
+    def make_opponent(game_seed: int):
+        if isinstance(opponent, Checkpoint):
+            return lambda pid: PolicyAgent(client, opponent, template, tokenizer)
+        return lambda pid: make_scripted_agent(opponent, seed=game_seed * spec.num_players + pid)
+
+    def play(game: int) -> GameRecord:
+        game_seed = seed + game
+        agents, model_seats = seat_agents(
+            spec,
+            game % spec.num_players,
+            lambda: PolicyAgent(client, model, template, tokenizer),
+            make_opponent(game_seed),
+            mirror=False,
+        )
+        return play_episode(spec, agents, game_seed, max_turns=max_turns, is_eval=True, learner_player_ids=model_seats)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, num_games)), thread_name_prefix="eval") as pool:
+        return list(pool.map(play, range(num_games)))
+
+
+def wdl_summary(wdl: WDL) -> dict[str, Any]:
+    """Counts, rates and 95% Wilson intervals of a W/D/L tally, JSON-ready."""
+    return {
+        "games": wdl.n,
+        "wins": wdl.wins,
+        "draws": wdl.draws,
+        "losses": wdl.losses,
+        "win_rate": wdl.win_rate,
+        "draw_rate": wdl.draw_rate,
+        "loss_rate": wdl.loss_rate,
+        "win_ci": list(wdl.win_interval()),
+        "draw_ci": list(wdl.draw_interval()),
+        "loss_ci": list(wdl.loss_interval()),
+    }
+
+
+def summarize_matches(records: list[GameRecord]) -> dict[str, Any]:
+    """The model's W/D/L per seat (`seat_0`, `seat_1`, ...) and over all seats, failed and truncated games,
+    and the share of the model's moves that were well formatted and that the env accepted."""
+    finished = [r for r in records if not r.failed]
+    seats = sorted({r.learner_player_ids[0] for r in records})
+    by_seat = {seat: [r.outcome(seat) for r in finished if r.learner_player_ids[0] == seat] for seat in seats}
+    moves = [s for r in finished for s in r.steps if s.player_id in r.learner_player_ids]
+    return {
+        "seats": {f"seat_{seat}": wdl_summary(WDL.from_outcomes(o)) for seat, o in by_seat.items()},
+        "all_seats": wdl_summary(WDL.from_outcomes(r.outcome(r.learner_player_ids[0]) for r in finished)),
+        "failed": len(records) - len(finished),
+        "truncated": sum(r.truncated for r in finished),
+        "moves": len(moves),
+        "format_ok_rate": sum(s.format_ok for s in moves) / max(len(moves), 1),
+        "valid_move_rate": sum(not s.invalid_move for s in moves) / max(len(moves), 1),
+    }
+
+
+def scoring_learner(model_path: str, adapter: str | None = None, temperature: float = 1.0):
+    """A StandardLearner holding the model (plus `adapter`) whose `token_logprobs` use `temperature`."""
+    from unstable.algorithms.sft import SFT
+    from unstable.learner.learner import StandardLearner
+
+    learner = StandardLearner(
+        model_path,
+        step_buffer=None,
+        model_pool=None,
+        tracker=None,
+        algorithm=SFT(),
+        initial_lora_path=adapter,
+        full_finetune=adapter is None,
+        temperature=temperature,
+    )
+    learner.initialize()
+    learner.model.eval()
+    return learner
+
+
+@torch.no_grad()
+def completion_logprobs(learner, steps: list[Step]) -> list[float]:
+    """Sum of the completion tokens' log-probs of each step under the learner's model, in input order."""
+    totals: dict[Step, float] = {}
+    for batch in learner.micro_batches(steps):
+        sums = (learner.token_logprobs(batch) * batch.completion_mask).sum(-1)  # (b,)
+        totals.update(zip(batch.steps, sums.tolist()))
+    return [totals[step] for step in steps]
+
+
+def kuhn_strategy(learner, spec: EnvSpec, infosets: list[KuhnInfoSet]) -> dict[str, float]:
+    """The model's probability of the aggressive move at each information set, renormalised over the two
+    legal moves, each scored as the completion `template.format_action(move)` + eos."""
+    from unstable.learner.sft import supervised_step
+
+    steps = [
+        supervised_step(Step(spec.env_id, info.env_player_id, 0, info.observation, action), spec, learner.tokenizer)
+        for info in infosets
+        for action in info.legal_actions
+    ]
+    scores = iter(completion_logprobs(learner, steps))
+    return {info.key: aggressive_probability({a: next(scores) for a in info.legal_actions}) for info in infosets}
+
+
+def kuhn_exploitability(
+    model_path: str,
+    spec: EnvSpec,
+    adapter: str | None = None,
+    temperature: float = 1.0,
+    infosets: list[KuhnInfoSet] | None = None,
+) -> dict[str, Any]:
+    """Exact exploitability (chips per round) of the model's first-round Kuhn Poker policy at `temperature`,
+    with the strategy it was computed from. Pass `infosets` to reuse `kuhn_information_sets(spec.env_id)`."""
+    infosets = infosets if infosets is not None else list(kuhn_information_sets(spec.env_id))
+    strategy = kuhn_strategy(scoring_learner(model_path, adapter, temperature), spec, infosets)
+    return {"exploitability": float(exploitability(strategy)), "strategy": strategy}
+
+
+def is_kuhn(spec: EnvSpec) -> bool:
+    """True for TextArena's Kuhn Poker envs."""
+    return spec.env_id.startswith("KuhnPoker-")
+
+
+def evaluate(
+    model_path: str,
+    spec: EnvSpec,
+    opponents: list[str],
+    *,
+    adapter: str | None = None,
+    games_per_opponent: int = 20,
+    sampling: SamplingConfig = DEFAULT_SAMPLING,
+    concurrency: int = 32,
+    seed: int = 0,
+    max_turns: int = DEFAULT_MAX_TURNS,
+    num_threads: int | None = None,
+) -> dict[str, Any]:
+    """Play the checkpoint (`model_path` plus optional LoRA `adapter`) against each opponent and return the
+    JSON-ready report; for Kuhn Poker it also holds the exact exploitability under `"kuhn"`."""
+    parsed = {name: parse_opponent(name) for name in opponents}
+    adapters = sum(isinstance(o, Checkpoint) for o in parsed.values()) + 1
+    backend = make_backend("transformers", model_path, sampling, num_threads=num_threads, seed=seed)
+    server = InferenceServer(lambda: backend, max_loras=adapters)
+    server.start()
+    model = Checkpoint(MODEL_UID, adapter)
+    try:
+        results = {
+            name: summarize_matches(
+                play_matches(
+                    server,
+                    model,
+                    spec,
+                    opponent,
+                    games_per_opponent,
+                    tokenizer=backend.tokenizer,
+                    seed=seed,
+                    concurrency=concurrency,
+                    max_turns=max_turns,
+                )
+            )
+            for name, opponent in parsed.items()
+        }
+    finally:
+        server.stop()
+    report = {
+        "model": model_path,
+        "adapter": adapter,
+        "env": asdict(spec),
+        "games_per_opponent": games_per_opponent,
+        "sampling": asdict(sampling),
+        "seed": seed,
+        "opponents": results,
+    }
+    if is_kuhn(spec):
+        report["kuhn"] = kuhn_exploitability(model_path, spec, adapter, sampling.temperature or 1.0)
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as a text table: one row per opponent and seat plus an all-seats row."""
+    lines = [
+        f"{'opponent':<28} {'seat':>5} {'games':>5}  {'win [95% CI]':<19} {'draw':>5} {'loss':>5} "
+        f"{'non-loss':>8} {'format':>6} {'valid':>6}"
+    ]
+    for name, result in report["opponents"].items():
+        rows = [*result["seats"].items(), ("all", result["all_seats"])]
+        for seat, wdl in rows:
+            low, high = wdl["win_ci"]
+            lines.append(
+                f"{name:<28} {seat.removeprefix('seat_'):>5} {wdl['games']:>5}  "
+                f"{wdl['win_rate']:.2f} [{low:.2f}, {high:.2f}]   {wdl['draw_rate']:>5.2f} {wdl['loss_rate']:>5.2f} "
+                f"{1 - wdl['loss_rate']:>8.2f} {result['format_ok_rate']:>6.2f} {result['valid_move_rate']:>6.2f}"
+            )
+    if "kuhn" in report:
+        lines.append(f"Kuhn Poker exploitability (chips/round): {report['kuhn']['exploitability']:.4f}")
+    return "\n".join(lines)
+
+
+def write_report(report: dict[str, Any], path: str | Path) -> Path:
+    """Write the report as indented JSON (creating parent directories); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+    return path

@@ -1,0 +1,167 @@
+"""Warm start and evaluation: `unstable sft` teaches a fresh tiny model the answer format, `unstable eval` writes
+per-seat W/D/L with Wilson intervals, and a model's Kuhn Poker policy has an exact exploitability."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import pytest
+import torch
+
+from unstable.algorithms import ALGORITHMS, SFT
+from unstable.cli.main import main
+from unstable.evaluation.evaluate import (
+    completion_logprobs,
+    evaluate,
+    kuhn_exploitability,
+    scoring_learner,
+    summarize_matches,
+)
+from unstable.evaluation.kuhn import FIRST_PLAYER_INFOSETS, INFOSETS, SECOND_PLAYER_INFOSETS, best_response_value
+from unstable.inference import SamplingConfig
+from unstable.learner.learner import DEFAULT_LORA, StandardLearner
+from unstable.learner.sft import generate_sft_steps, supervised_step
+from unstable.records import EnvSpec, GameRecord, Step
+
+TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
+KUHN = EnvSpec("KuhnPoker-v0-train", 2, "qwen3-zs")
+# the tiny model's random output layer cannot give sharp logits unless the adapter covers it
+LORA_TARGETS = [*DEFAULT_LORA["target_modules"], "lm_head"]
+SAMPLING = SamplingConfig(max_new_tokens=8, temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def sft_adapter(tiny_model_dir, tmp_path_factory) -> str:
+    """`unstable sft` on ~300 random-vs-random TicTacToe moves (LoRA including the output layer)."""
+    out = tmp_path_factory.mktemp("sft")
+    argv = ["sft", "--model", tiny_model_dir, "--games", "40", "--epochs", "4", "--batch-size", "16", "--lr", "3e-3"]
+    assert main([*argv, "--lora-rank", "8", "--lora-targets", *LORA_TARGETS, "--out-dir", str(out)]) == 0
+    (adapter,) = (out / "checkpoints").iterdir()
+    assert (adapter / "adapter_config.json").exists()
+    return str(adapter)
+
+
+def test_sft_is_a_registered_algorithm_computing_masked_mean_nll(tiny_model_dir):
+    assert ALGORITHMS["sft"] is SFT
+    steps = [
+        Step("x", 0, 0, "", "", prompt_token_ids=(5, 6, 7), completion_token_ids=(8, 2), behaviour_logprobs=(0.0,) * 2),
+        Step(
+            "x", 0, 0, "", "", prompt_token_ids=(5, 9), completion_token_ids=(10, 11, 2), behaviour_logprobs=(0.0,) * 3
+        ),
+    ]
+    learner = StandardLearner(tiny_model_dir, None, None, None, SFT(), full_finetune=True, learning_rate=1e-3)
+    learner.initialize()
+    with torch.no_grad():
+        sums = completion_logprobs(learner, steps)
+    loss = learner.train_step(steps)["learner/loss"]
+    assert loss == pytest.approx(-sum(sums) / 5, rel=1e-4)  # 5 completion tokens in the batch
+
+
+def test_generated_steps_are_rendered_prompts_with_format_action_and_eos(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    steps = generate_sft_steps(TICTACTOE, ["random", "random"], 3, tokenizer)
+    assert len(steps) >= 15  # a TicTacToe game has at least 5 moves
+    for step in steps:
+        assert tokenizer.decode(step.completion_token_ids) == f"\\boxed{{{step.action}}}{tokenizer.eos_token}"
+        assert tokenizer.decode(step.prompt_token_ids) == step.prompt
+        assert step.prompt.endswith("<|im_start|>assistant\n") and step.observation in step.prompt
+        assert step.behaviour_logprobs == (0.0,) * len(step.completion_token_ids)
+
+
+def test_sft_teaches_a_fresh_tiny_model_the_answer_format(tiny_model_dir, sft_adapter):
+    def format_rate(adapter):
+        report = evaluate(
+            tiny_model_dir, TICTACTOE, ["random"], adapter=adapter, games_per_opponent=40, sampling=SAMPLING
+        )
+        return report["opponents"]["random"]["format_ok_rate"], report["opponents"]["random"]["moves"]
+
+    before, _ = format_rate(None)
+    after, moves = format_rate(sft_adapter)
+    assert before < 0.5
+    assert moves >= 60 and after >= 0.95
+
+
+def test_eval_cli_writes_per_opponent_per_seat_wdl_with_intervals(tiny_model_dir, sft_adapter, tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--model", tiny_model_dir, "--adapter", sft_adapter, "--games", "4", "--out", str(out)]
+    assert main([*argv, "--opponents", "random", "tictactoe-minimax", sft_adapter]) == 0
+    assert "tictactoe-minimax" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["adapter"] == sft_adapter and report["env"]["env_id"] == TICTACTOE.env_id
+    assert list(report["opponents"]) == ["random", "tictactoe-minimax", sft_adapter]
+    for result in report["opponents"].values():
+        assert set(result["seats"]) == {"seat_0", "seat_1"}
+        for wdl in [*result["seats"].values(), result["all_seats"]]:
+            assert wdl["wins"] + wdl["draws"] + wdl["losses"] == wdl["games"]
+            for key in ("win", "draw", "loss"):
+                low, high = wdl[f"{key}_ci"]
+                assert 0 <= low <= wdl[f"{key}_rate"] <= high <= 1
+        assert result["seats"]["seat_0"]["games"] + result["seats"]["seat_1"]["games"] + result["failed"] == 4
+
+
+def test_summarize_matches_counts_outcomes_per_seat():
+    def game(seat, rewards, error=None):
+        return GameRecord("x", 0, {0: "a", 1: "b"}, (), rewards, learner_player_ids=(seat,), error=error)
+
+    records = [game(0, {0: 1, 1: -1}), game(1, {0: 1, 1: -1}), game(0, {0: 0, 1: 0}), game(1, {}, "env crashed")]
+    summary = summarize_matches(records)
+    assert summary["seats"]["seat_0"]["wins"] == 1 and summary["seats"]["seat_0"]["draws"] == 1
+    assert summary["seats"]["seat_1"]["losses"] == 1 and summary["failed"] == 1
+    assert summary["all_seats"]["games"] == 3
+
+
+def _max_exploitability() -> float:
+    """The largest exploitability of any strategy: best-response values are convex in the strategy, so
+    each is largest at a pure strategy, and each depends only on one player's part."""
+    pure = lambda keys: [dict(zip(keys, c)) for c in itertools.product((0, 1), repeat=len(keys))]  # noqa: E731
+    vs_second = max(
+        best_response_value(s | dict.fromkeys(FIRST_PLAYER_INFOSETS, 0), 0) for s in pure(SECOND_PLAYER_INFOSETS)
+    )
+    vs_first = max(
+        best_response_value(s | dict.fromkeys(SECOND_PLAYER_INFOSETS, 0), 1) for s in pure(FIRST_PLAYER_INFOSETS)
+    )
+    return (vs_second + vs_first) / 2
+
+
+def test_kuhn_exploitability_of_a_model_policy(tiny_model_dir):
+    result = kuhn_exploitability(tiny_model_dir, KUHN)
+    strategy = result["strategy"]
+    assert list(strategy) == list(INFOSETS)
+    assert all(0 < p < 1 for p in strategy.values())
+    assert 0 <= result["exploitability"] <= _max_exploitability()
+
+    # cross-check one information set against a plain forward pass of the same tokens
+    from unstable.evaluation.kuhn import kuhn_information_sets
+
+    info = next(kuhn_information_sets(KUHN.env_id))
+    learner = scoring_learner(tiny_model_dir)
+    scores = {}
+    for action in info.legal_actions:
+        step = supervised_step(Step(KUHN.env_id, 0, 0, info.observation, action), KUHN, learner.tokenizer)
+        ids = torch.tensor([step.prompt_token_ids + step.completion_token_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(learner.model(ids).logits[0, :-1], -1)
+        first = len(step.prompt_token_ids) - 1
+        scores[action] = sum(logp[first + j, t].item() for j, t in enumerate(step.completion_token_ids))
+    p_aggressive = 1 / (1 + math.exp(scores["[check]"] - scores["[bet]"]))
+    assert strategy[info.key] == pytest.approx(p_aggressive, rel=1e-4)
+
+
+def test_eval_cli_reports_kuhn_exploitability(tiny_model_dir, tmp_path):
+    out = tmp_path / "kuhn.json"
+    argv = ["eval", "--model", tiny_model_dir, "--env", "KuhnPoker-v0-train", "--opponents", "kuhn-nash"]
+    assert main([*argv, "--games", "2", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert 0 <= report["kuhn"]["exploitability"] <= _max_exploitability()
+    assert set(report["kuhn"]["strategy"]) == set(INFOSETS)
+
+
+def test_cli_rejects_unknown_opponents_and_envs(tiny_model_dir):
+    with pytest.raises(SystemExit):
+        main(["eval", "--model", tiny_model_dir, "--opponents", "no-such-agent"])
+    with pytest.raises(SystemExit):
+        main(["sft", "--model", tiny_model_dir, "--env", "NoSuchGame-v0"])
