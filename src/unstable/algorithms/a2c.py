@@ -48,7 +48,7 @@ class A2C(BaseAlgo):
         """One gradient step over the whole batch."""
         n = len(steps)
         totals = {"pg_loss": 0.0, "value_loss": 0.0, "value_mean": 0.0}
-        for batch in learner.micro_batches(steps):
+        for batch in self.prepare_batch(steps, learner):
             outputs = learner.forward(batch, output_hidden_states=True)
             logp = learner.token_logprobs(batch, outputs)  # (b, L-1)
             values = self.value_head(decision_encodings(outputs, batch))  # (b,)

@@ -2,13 +2,14 @@
 
 An algorithm gets the batch of steps and the learner; it asks the learner for micro-batches and token
 log-probs, calls `backward` on its own losses and decides when to call `learner.optimizer_step()` (once per
-batch for REINFORCE, several epochs of minibatches for PPO). The seed's `prepare_batch`/`update(batch,
-scaling)` pair maps onto `learner.micro_batches` and this `update`.
+batch for REINFORCE, several epochs of minibatches for PPO). As in the seed, `prepare_batch` turns steps into
+tensors (by default the learner's token-budget micro-batches) and `update` computes the loss and steps.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,6 +17,7 @@ import torch
 from unstable.records import Step
 
 if TYPE_CHECKING:
+    from unstable.learner.batching import TokenBatch
     from unstable.learner.learner import StandardLearner
 
 
@@ -25,6 +27,10 @@ class BaseAlgo(ABC):
     def initialize(self, learner: StandardLearner) -> None:
         """Called once after the model and optimizer exist (e.g. to add a value head's parameters)."""
         return None
+
+    def prepare_batch(self, steps: list[Step], learner: StandardLearner) -> Iterator[TokenBatch]:
+        """Steps to collated micro-batches on the learner's device (override to change the packing)."""
+        return learner.micro_batches(steps)
 
     @abstractmethod
     def update(self, steps: list[Step], learner: StandardLearner) -> dict[str, float]:

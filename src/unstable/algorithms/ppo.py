@@ -66,7 +66,7 @@ class PPO(BaseAlgo):
 
     def _minibatch_step(self, steps: list[Step], learner, logs: dict[str, list[float]], first_epoch: bool) -> None:
         """Accumulate the loss over the minibatch's micro-batches, then take one optimizer step."""
-        for batch in learner.micro_batches(steps):
+        for batch in self.prepare_batch(steps, learner):
             outputs = learner.forward(batch)
             logp = learner.token_logprobs(batch, outputs)  # (b, L-1)
             if first_epoch:

@@ -26,7 +26,7 @@ class Reinforce(BaseAlgo):
         """One gradient step over the whole batch."""
         n = len(steps)
         pg_loss = 0.0
-        for batch in learner.micro_batches(steps):
+        for batch in self.prepare_batch(steps, learner):
             logp = learner.token_logprobs(batch)  # (b, L-1)
             learner.track_ratios(logp, batch)
             loss = self.loss(logp, batch, n)

@@ -17,7 +17,7 @@ class SFT(BaseAlgo):
 
     def update(self, steps: list[Step], learner) -> dict[str, float]:
         """One gradient step over the whole batch."""
-        batches = list(learner.micro_batches(steps))
+        batches = list(self.prepare_batch(steps, learner))
         num_tokens = sum(float(batch.completion_mask.sum()) for batch in batches)
         total_loss = 0.0
         for batch in batches:

@@ -111,7 +111,7 @@ class VTraceAWR(BaseAlgo):
         """One forward pass without gradients: every step's decision encoding and summed log-probs."""
         index = {id(s): i for i, s in enumerate(steps)}
         encodings, logp, behaviour = {}, torch.zeros(len(steps)), torch.zeros(len(steps))
-        for batch in learner.micro_batches(steps):
+        for batch in self.prepare_batch(steps, learner):
             rows = torch.tensor([index[id(s)] for s in batch.steps])  # (b,)
             outputs = learner.forward(batch, output_hidden_states=True)
             token_logp = learner.token_logprobs(batch, outputs)  # (b, L-1)
@@ -160,7 +160,7 @@ class VTraceAWR(BaseAlgo):
             for start in range(0, len(order), size):
                 minibatch = order[start : start + size]
                 kl = 0.0
-                for batch in learner.micro_batches(minibatch):
+                for batch in self.prepare_batch(minibatch, learner):
                     rows = torch.tensor([cache.index[id(s)] for s in batch.steps])  # (b,)
                     outputs = learner.forward(batch, output_hidden_states=True)
                     logp = learner.token_logprobs(batch, outputs)  # (b, L-1)
