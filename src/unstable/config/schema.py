@@ -15,6 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from unstable.records import EnvSpec
 
 
+def _registered(value: str, registry: dict, what: str) -> str:
+    """`value` if it names an entry of `registry`, else a ValueError listing the valid names."""
+    if value not in registry:
+        raise ValueError(f"unknown {what} {value!r}; valid: {sorted(registry)}")
+    return value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -150,9 +157,7 @@ class TransformConfig(_Strict):
     def _known_transform(cls, value: str) -> str:
         from unstable.rewards import TRANSFORMS
 
-        if value not in TRANSFORMS:
-            raise ValueError(f"unknown reward transform {value!r}; valid: {sorted(TRANSFORMS)}")
-        return value
+        return _registered(value, TRANSFORMS, "reward transform")
 
 
 class BufferConfig(_Strict):
@@ -175,9 +180,7 @@ class AlgorithmConfig(_Strict):
     def _known_algorithm(cls, value: str) -> str:
         from unstable.algorithms import ALGORITHMS
 
-        if value not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {value!r}; valid: {sorted(ALGORITHMS)}")
-        return value
+        return _registered(value, ALGORITHMS, "algorithm")
 
 
 class LoraConfigModel(_Strict):
