@@ -6,7 +6,8 @@ random agent and minimax, trained by mirror self-play with `unstable.runtime.tra
 saved checkpoints. Kuhn Poker: the same warm start and self-play, with the exact exploitability of the
 model's first-round policy measured at saved checkpoints.
 
-Writes `learning.json` and one `learning-<algorithm>.png` per algorithm under `--out-dir` and prints a table.
+Writes `learning.json` and one `learning-<algorithm>.png` per algorithm under `--out-dir` (checkpoints go to
+`--runs-dir`) and prints a table.
 Run on demand (never from tests):
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/learning.py                  # Reinforce
@@ -52,22 +53,23 @@ class Settings:
     """Every knob of the benchmark (each is also a command-line flag, `_` written as `-`)."""
 
     out_dir: str = "benchmarks/results"
+    runs_dir: str = "runs/benchmark-learning"
     model_dir: str = ".cache/tiny-qwen3"
     seed: int = 0
     threads: int = 1
     temperature: float = 1.0
     max_new_tokens: int = 8
     lora_rank: int = 16
-    sft_games: int = 300
+    sft_games: int = 150
     sft_epochs: int = 2
     sft_batch_size: int = 16
-    sft_lr: float = 1e-3
-    rl_steps: int = 120
+    sft_lr: float = 3e-3
+    rl_steps: int = 150
     rl_batch_size: int = 64
     rl_lr: float = 3e-4
     rl_workers: int = 32
-    kuhn_sft_games: int = 100
-    kuhn_rl_steps: int = 40
+    kuhn_sft_games: int = 200
+    kuhn_rl_steps: int = 60
     eval_games: int = 200
     curve_points: int = 4
     curve_games: int = 100
@@ -87,7 +89,7 @@ def warm_start(spec: EnvSpec, games: int, model: str, s: Settings) -> dict[str, 
     adapter = run_sft(
         model,
         steps,
-        out_dir=str(Path(s.out_dir) / "runs" / f"sft-{spec.env_id}"),
+        out_dir=str(Path(s.runs_dir) / f"sft-{spec.env_id}"),
         epochs=s.sft_epochs,
         batch_size=s.sft_batch_size,
         learning_rate=s.sft_lr,
@@ -102,7 +104,7 @@ def warm_start(spec: EnvSpec, games: int, model: str, s: Settings) -> dict[str, 
 def rl_config(spec: EnvSpec, algorithm: str, adapter: str, steps: int, model: str, s: Settings) -> dict[str, Any]:
     """The RunConfig (as a dict) of mirror self-play from the warm-start adapter."""
     return {
-        "run": {"name": f"rl-{spec.env_id}-{algorithm}", "dir": str(Path(s.out_dir) / "runs"), "seed": s.seed},
+        "run": {"name": f"rl-{spec.env_id}-{algorithm}", "dir": s.runs_dir, "seed": s.seed},
         "model": {"path": model},
         "inference": {
             "max_new_tokens": s.max_new_tokens,

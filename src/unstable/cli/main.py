@@ -215,7 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--batch-size", type=int, default=32)
     sft.add_argument("--lr", type=float, default=1e-3)
     sft.add_argument("--lora-rank", type=int, default=16)
-    sft.add_argument("--lora-targets", nargs="+", default=None, help="LoRA target modules (default: the learner's)")
+    sft.add_argument(
+        "--lora-targets",
+        nargs="+",
+        default=None,
+        help="LoRA target modules (default: the learner's); the random tiny model also needs lm_head",
+    )
     sft.add_argument("--full-finetune", action="store_true", help="train every weight and save a full model")
     sft.add_argument("--out-dir", default="runs/sft")
     sft.set_defaults(func=cmd_sft)

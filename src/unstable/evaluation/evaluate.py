@@ -13,6 +13,7 @@ probability of the aggressive move, and `exploitability` computes the best respo
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -22,12 +23,15 @@ import torch
 
 from unstable.agents.policy import GenerationClient, PolicyAgent
 from unstable.agents.scripted import SCRIPTED_AGENTS, make_scripted_agent
+from unstable.algorithms.sft import SFT
 from unstable.collector.collector import seat_agents
 from unstable.evaluation.kuhn import KuhnInfoSet, aggressive_probability, exploitability, kuhn_information_sets
 from unstable.evaluation.stats import WDL
 from unstable.games.episode import DEFAULT_MAX_TURNS, play_episode
 from unstable.games.templates import get_template
 from unstable.inference import InferenceServer, SamplingConfig, make_backend
+from unstable.learner.learner import StandardLearner
+from unstable.learner.sft import supervised_step
 from unstable.records import Checkpoint, EnvSpec, GameRecord, Step
 
 MODEL_UID = "model"
@@ -36,12 +40,12 @@ DEFAULT_SAMPLING = SamplingConfig(max_new_tokens=8, temperature=1.0)
 
 def parse_opponent(name: str) -> str | Checkpoint:
     """A scripted agent's name (validated, e.g. 'random' or 'kuhn-nash:alpha=0.2') or, for an existing
-    directory, the LoRA adapter there as a Checkpoint."""
+    directory, the LoRA adapter there as a Checkpoint (its uid is the path with PEFT-safe characters)."""
     if name.partition(":")[0] in SCRIPTED_AGENTS:
         make_scripted_agent(name, seed=0)
         return name
     if Path(name).is_dir():
-        return Checkpoint(uid=f"opponent:{name}", path=name)
+        return Checkpoint(uid="opponent-" + re.sub(r"[^\w-]", "_", name), path=name)
     raise ValueError(f"opponent {name!r} is neither a scripted agent ({', '.join(SCRIPTED_AGENTS)}) nor a directory")
 
 
@@ -117,9 +121,6 @@ def summarize_matches(records: list[GameRecord]) -> dict[str, Any]:
 
 def scoring_learner(model_path: str, adapter: str | None = None, temperature: float = 1.0):
     """A StandardLearner holding the model (plus `adapter`) whose `token_logprobs` use `temperature`."""
-    from unstable.algorithms.sft import SFT
-    from unstable.learner.learner import StandardLearner
-
     learner = StandardLearner(
         model_path,
         step_buffer=None,
@@ -148,8 +149,6 @@ def completion_logprobs(learner, steps: list[Step]) -> list[float]:
 def kuhn_strategy(learner, spec: EnvSpec, infosets: list[KuhnInfoSet]) -> dict[str, float]:
     """The model's probability of the aggressive move at each information set, renormalised over the two
     legal moves, each scored as the completion `template.format_action(move)` + eos."""
-    from unstable.learner.sft import supervised_step
-
     steps = [
         supervised_step(Step(spec.env_id, info.env_player_id, 0, info.observation, action), spec, learner.tokenizer)
         for info in infosets
