@@ -106,8 +106,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--bare-rounds", type=int, default=5)
-    parser.add_argument("--run-dir", default=str(ROOT / "runs"))
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "loop.json"))
+    parser.add_argument("--run-dir", default="runs")
+    parser.add_argument("--out", default="benchmarks/results/loop.json")
     args = parser.parse_args()
 
     loop = run_loop(args)
