@@ -273,7 +273,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     start = time.time()
     out = Path(s.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model = str(ensure_tiny_model(s.model_dir))
+    ensure_tiny_model(s.model_dir)
+    model = s.model_dir  # as given (relative by default), so no machine path lands in the results
     infosets = list(kuhn_information_sets(KUHN.env_id))
     print("warm start: SFT on random-vs-random moves", flush=True)
     warm = {

@@ -91,7 +91,8 @@ def run_sft(
 
     Each batch of `batch_size` steps is one `StandardLearner.train_step` with the `SFT` algorithm. The
     checkpoint is `out_dir/checkpoints/ckpt-<updates>`. `on_epoch` gets `{"epoch", "loss", "updates"}` after
-    each pass (the loss is the mean over that pass's batches).
+    each pass (the loss is the mean over that pass's batches). `seed` seeds torch (the fresh LoRA weights) and
+    the shuffling.
     """
     if not steps:
         raise ValueError("no supervised steps to train on")
