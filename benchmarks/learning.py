@@ -237,9 +237,9 @@ def table(results: dict[str, Any]) -> str:
     """Warm start and after-RL rows: TicTacToe win vs random, non-loss vs minimax, Kuhn exploitability."""
     warm = results["warm_start"]
     lines = [
-        f"{'policy':<22} {'TTT win vs random':<20} {'TTT non-loss vs minimax':<24} {'Kuhn exploitability':>19} "
+        f"{'policy':<26} {'TTT win vs random':<20} {'TTT non-loss vs minimax':<24} {'Kuhn exploitability':>19} "
         f"{'RL wall s':>9}",
-        f"{'warm start (SFT)':<22} {_rate(warm['tictactoe']['eval'], 'random'):<20} "
+        f"{'warm start (SFT)':<26} {_rate(warm['tictactoe']['eval'], 'random'):<20} "
         f"{_rate(warm['tictactoe']['eval'], 'tictactoe-minimax', 'non-loss'):<24} "
         f"{warm['kuhn']['exploitability']:>19.4f} {'':>9}",
     ]
@@ -247,7 +247,7 @@ def table(results: dict[str, Any]) -> str:
         final = result["tictactoe"]["final"]
         seconds = result["tictactoe"]["seconds"] + result["kuhn"]["seconds"]
         lines.append(
-            f"{'after RL: ' + name:<22} {_rate(final, 'random'):<20} "
+            f"{'after RL: ' + name:<26} {_rate(final, 'random'):<20} "
             f"{_rate(final, 'tictactoe-minimax', 'non-loss'):<24} "
             f"{result['kuhn']['curve'][-1]['exploitability']:>19.4f} {seconds:>9.0f}"
         )

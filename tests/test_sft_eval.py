@@ -44,17 +44,17 @@ def sft_adapter(tiny_model_dir, tmp_path_factory) -> str:
 
 
 def test_sft_is_a_registered_algorithm_computing_masked_mean_nll(tiny_model_dir):
+    def step(prompt, completion):
+        zeros = (0.0,) * len(completion)
+        return Step(
+            "x", 0, 0, "", "", prompt_token_ids=prompt, completion_token_ids=completion, behaviour_logprobs=zeros
+        )
+
     assert ALGORITHMS["sft"] is SFT
-    steps = [
-        Step("x", 0, 0, "", "", prompt_token_ids=(5, 6, 7), completion_token_ids=(8, 2), behaviour_logprobs=(0.0,) * 2),
-        Step(
-            "x", 0, 0, "", "", prompt_token_ids=(5, 9), completion_token_ids=(10, 11, 2), behaviour_logprobs=(0.0,) * 3
-        ),
-    ]
+    steps = [step((5, 6, 7), (8, 2)), step((5, 9), (10, 11, 2))]
     learner = StandardLearner(tiny_model_dir, None, None, None, SFT(), full_finetune=True, learning_rate=1e-3)
     learner.initialize()
-    with torch.no_grad():
-        sums = completion_logprobs(learner, steps)
+    sums = completion_logprobs(learner, steps)
     loss = learner.train_step(steps)["learner/loss"]
     assert loss == pytest.approx(-sum(sums) / 5, rel=1e-4)  # 5 completion tokens in the batch
 
