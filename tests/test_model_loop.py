@@ -171,3 +171,24 @@ def test_full_finetuning_checkpoint_replaces_served_weights(tiny_model_dir, tmp_
     after = server.generate(GenerationRequest(PROMPT, new))
     assert after.logprobs != pytest.approx(before.logprobs, abs=1e-6)
     server.stop()
+
+
+def test_batch_naming_more_adapters_than_max_loras_is_split(tiny_model_dir, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    checkpoints = []
+    for i in range(3):
+        model = get_peft_model(
+            AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=2, target_modules=["q_proj"])
+        )
+        model.save_pretrained(tmp_path / f"b{i}")
+        checkpoints.append(Checkpoint(f"b{i}", str(tmp_path / f"b{i}")))
+    server = InferenceServer(
+        lambda: TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=2)), batch_wait_ms=300, max_loras=2
+    )
+    server.start()
+    futures = [server.submit(GenerationRequest(PROMPT, c)) for c in [*checkpoints, None]]
+    assert all(f.result(timeout=60).completion_token_ids for f in futures)
+    assert server.stats()["inference/batches"] == 2
+    server.stop()

@@ -98,7 +98,8 @@ class InferenceServer:
         while not self._stopped.is_set():
             batch = self._next_batch()
             if batch:
-                self._run_batch(batch)
+                for part in self._split_by_adapters(batch):
+                    self._run_batch(part)
         self._fail_pending()
 
     def _next_batch(self) -> list[tuple[GenerationRequest, Future]]:
@@ -118,6 +119,21 @@ class InferenceServer:
                 break
             batch.append(item)
         return batch
+
+    def _split_by_adapters(self, batch: list[tuple[GenerationRequest, Future]]) -> list[list]:
+        """Split a batch so no part names more than `max_loras` adapters (base-model rows join the first)."""
+
+        def uid(item):
+            ckpt = item[0].checkpoint
+            return ckpt.uid if ckpt is not None and ckpt.is_adapter else None
+
+        uids = list(dict.fromkeys(u for u in map(uid, batch) if u is not None))
+        if len(uids) <= self.max_loras:
+            return [batch]
+        groups = [set(uids[i : i + self.max_loras]) for i in range(0, len(uids), self.max_loras)]
+        parts = [[item for item in batch if uid(item) in group] for group in groups]
+        parts[0] += [item for item in batch if uid(item) is None]
+        return parts
 
     def _run_batch(self, batch: list[tuple[GenerationRequest, Future]]) -> None:
         requests = [request for request, _ in batch]
