@@ -29,6 +29,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from unstable.algorithms import ALGORITHMS  # noqa: E402
 from unstable.config.schema import validate_config  # noqa: E402
@@ -56,23 +58,36 @@ class Settings:
     runs_dir: str = "runs/benchmark-learning"
     model_dir: str = ".cache/tiny-qwen3"
     seed: int = 0
-    threads: int = 1
+    threads: int = os.cpu_count() or 1  # SFT and evaluation; in RL the learner and inference get half each
+    finetune: str = "full"
     temperature: float = 1.0
     max_new_tokens: int = 8
     lora_rank: int = 16
-    sft_games: int = 150
+    sft_games: int = 800
     sft_epochs: int = 2
     sft_batch_size: int = 16
-    sft_lr: float = 3e-3
-    rl_steps: int = 150
+    sft_lr: float = 1e-3
+    rl_steps: int = 120
     rl_batch_size: int = 64
     rl_lr: float = 3e-4
     rl_workers: int = 32
-    kuhn_sft_games: int = 200
+    group_size: int = 4
+    kuhn_sft_games: int = 400
     kuhn_rl_steps: int = 60
     eval_games: int = 200
     curve_points: int = 4
     curve_games: int = 100
+
+    @property
+    def full(self) -> bool:
+        """Whether SFT and RL train every weight (`--finetune full`) rather than a LoRA adapter."""
+        if self.finetune not in ("full", "lora"):
+            raise ValueError(f"--finetune must be 'full' or 'lora', got {self.finetune!r}")
+        return self.finetune == "full"
+
+    def policy(self, model: str, checkpoint: str) -> tuple[str, str | None]:
+        """(model path, adapter) that load `checkpoint`: a full model directory, or an adapter on `model`."""
+        return (checkpoint, None) if self.full else (model, checkpoint)
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -80,39 +95,52 @@ class Settings:
         return SamplingConfig(self.max_new_tokens, self.temperature)
 
 
+def lora_cfg(s: Settings) -> dict[str, Any]:
+    """The LoRA shape of `--finetune lora`: rank `lora_rank` on the projections and the output layer."""
+    return {"lora_rank": s.lora_rank, "lora_alpha": 2 * s.lora_rank, "target_modules": LORA_TARGETS}
+
+
 def warm_start(spec: EnvSpec, games: int, model: str, s: Settings) -> dict[str, Any]:
-    """SFT on random-vs-random moves of `spec`; returns the adapter path and the seconds it took."""
+    """SFT on random-vs-random moves of `spec`; returns the checkpoint path and the seconds it took."""
     from transformers import AutoTokenizer
 
     start = time.time()
     steps = generate_sft_steps(spec, ["random", "random"], games, AutoTokenizer.from_pretrained(model), seed=s.seed)
-    adapter = run_sft(
+    checkpoint = run_sft(
         model,
         steps,
         out_dir=str(Path(s.runs_dir) / f"sft-{spec.env_id}"),
         epochs=s.sft_epochs,
         batch_size=s.sft_batch_size,
         learning_rate=s.sft_lr,
-        lora_cfg={"lora_rank": s.lora_rank, "lora_alpha": 2 * s.lora_rank, "target_modules": LORA_TARGETS},
+        lora_cfg=None if s.full else lora_cfg(s),
+        full_finetune=s.full,
         num_threads=s.threads,
         seed=s.seed,
         on_epoch=lambda row: print(f"  sft {spec.env_id} epoch {row['epoch']}: loss {row['loss']:.4f}", flush=True),
     )
-    return {"adapter": adapter, "moves": len(steps), "seconds": time.time() - start}
+    return {"checkpoint": checkpoint, "moves": len(steps), "seconds": time.time() - start}
 
 
-def rl_config(spec: EnvSpec, algorithm: str, adapter: str, steps: int, model: str, s: Settings) -> dict[str, Any]:
-    """The RunConfig (as a dict) of mirror self-play from the warm-start adapter."""
+def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, s: Settings) -> dict[str, Any]:
+    """The RunConfig (as a dict) of mirror self-play from the warm-start checkpoint `warm`."""
+    base, adapter = s.policy(model, warm)
     return {
         "run": {"name": f"rl-{spec.env_id}-{algorithm}", "dir": s.runs_dir, "seed": s.seed},
-        "model": {"path": model},
+        "model": {"path": base},
         "inference": {
             "max_new_tokens": s.max_new_tokens,
             "temperature": s.temperature,
-            "num_threads": s.threads,
+            "num_threads": max(1, s.threads // 2),
             "max_loras": 8,  # games in flight may still play several recent checkpoints
         },
-        "collector": {"num_workers": s.rl_workers, "max_turns": 30, "training_envs": [list(asdict(spec).values())]},
+        "collector": {
+            "num_workers": s.rl_workers,
+            "max_turns": 30,
+            "training_envs": [list(asdict(spec).values())],
+            # the group baseline needs groups: each game branches into G continuations at one decision
+            "group_size": s.group_size if algorithm == "group_baseline" else 1,
+        },
         "pool": {"sample_mode": "mirror"},
         "buffer": {
             "max_buffer_size": 2 * s.rl_batch_size,
@@ -126,20 +154,21 @@ def rl_config(spec: EnvSpec, algorithm: str, adapter: str, steps: int, model: st
             "num_steps": steps,
             "batch_size": s.rl_batch_size,
             "learning_rate": s.rl_lr,
+            "lora": None if s.full else lora_cfg(s),
             "initial_lora_path": adapter,
-            "num_threads": s.threads,
+            "num_threads": max(1, s.threads // 2),
             "algorithm": {"name": algorithm},
         },
         "evaluation": {"games_at_start": 0, "games_at_end": 0},
     }
 
 
-def self_play(spec: EnvSpec, algorithm: str, adapter: str, steps: int, model: str, s: Settings) -> dict[str, Any]:
+def self_play(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, s: Settings) -> dict[str, Any]:
     """Run RL; returns the run directory, a checkpoint path per step, the training rows and the seconds."""
     start = time.time()
     rows: list[dict[str, Any]] = []
-    summary = train(validate_config(rl_config(spec, algorithm, adapter, steps, model, s)), on_row=rows.append)
-    checkpoints = {0: adapter} | {k: f"{summary.run_dir}/checkpoints/ckpt-{k}" for k in range(1, steps + 1)}
+    summary = train(validate_config(rl_config(spec, algorithm, warm, steps, model, s)), on_row=rows.append)
+    checkpoints = {0: warm} | {k: f"{summary.run_dir}/checkpoints/ckpt-{k}" for k in range(1, steps + 1)}
     keep = ("learner/step", "time", "learner/mean_reward", "collector/format_ok_rate", "collector/invalid_move_rate")
     return {
         "run_dir": summary.run_dir,
@@ -161,10 +190,11 @@ def outcome_point(step: int, report: dict[str, Any], opponent: str) -> dict[str,
     return {"step": step, **result["all_seats"], "valid_move_rate": result["valid_move_rate"]}
 
 
-def evaluate_at(spec: EnvSpec, model: str, adapter: str, opponents: list[str], games: int, s: Settings):
-    """`evaluate` with the benchmark's sampling, seed and threads."""
+def evaluate_at(spec: EnvSpec, model: str, checkpoint: str, opponents: list[str], games: int, s: Settings):
+    """`evaluate` of `checkpoint` with the benchmark's sampling, seed and threads."""
+    base, adapter = s.policy(model, checkpoint)
     return evaluate(
-        model,
+        base,
         spec,
         opponents,
         adapter=adapter,
@@ -177,7 +207,7 @@ def evaluate_at(spec: EnvSpec, model: str, adapter: str, opponents: list[str], g
 
 def tictactoe(algorithm: str, warm: dict[str, Any], model: str, s: Settings) -> dict[str, Any]:
     """Self-play on TicTacToe, then the win-rate curve vs random and the final evaluation."""
-    run = self_play(TICTACTOE, algorithm, warm["adapter"], s.rl_steps, model, s)
+    run = self_play(TICTACTOE, algorithm, warm["checkpoint"], s.rl_steps, model, s)
     final = evaluate_at(TICTACTOE, model, run["checkpoints"][s.rl_steps], OPPONENTS[TICTACTOE], s.eval_games, s)
     curve = [outcome_point(0, warm["eval"], "random")]
     for step in curve_steps(s.rl_steps, s.curve_points)[1:-1]:
@@ -189,11 +219,11 @@ def tictactoe(algorithm: str, warm: dict[str, Any], model: str, s: Settings) -> 
 
 def kuhn(algorithm: str, warm: dict[str, Any], model: str, infosets, s: Settings) -> dict[str, Any]:
     """Self-play on Kuhn Poker, exploitability at evenly spaced checkpoints, and the final evaluation."""
-    run = self_play(KUHN, algorithm, warm["adapter"], s.kuhn_rl_steps, model, s)
-    curve = [
-        {"step": step, **kuhn_exploitability(model, KUHN, run["checkpoints"][step], s.temperature, infosets)}
-        for step in curve_steps(s.kuhn_rl_steps, s.curve_points * 2)
-    ]
+    run = self_play(KUHN, algorithm, warm["checkpoint"], s.kuhn_rl_steps, model, s)
+    curve = []
+    for step in curve_steps(s.kuhn_rl_steps, s.curve_points * 2):
+        base, adapter = s.policy(model, run["checkpoints"][step])
+        curve.append({"step": step, **kuhn_exploitability(base, KUHN, adapter, s.temperature, infosets)})
     final = evaluate_at(KUHN, model, run["checkpoints"][s.kuhn_rl_steps], OPPONENTS[KUHN], s.eval_games, s)
     return {**run, "curve": curve, "final": final}
 
@@ -282,7 +312,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "kuhn": warm_start(KUHN, s.kuhn_sft_games, model, s),
     }
     for spec, game in ((TICTACTOE, "tictactoe"), (KUHN, "kuhn")):
-        warm[game]["eval"] = evaluate_at(spec, model, warm[game]["adapter"], OPPONENTS[spec], s.eval_games, s)
+        warm[game]["eval"] = evaluate_at(spec, model, warm[game]["checkpoint"], OPPONENTS[spec], s.eval_games, s)
     warm["kuhn"]["exploitability"] = warm["kuhn"]["eval"]["kuhn"]["exploitability"]
     results = {
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
@@ -297,8 +327,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "kuhn": kuhn(algorithm, warm["kuhn"], model, infosets, s),
         }
         plot(algorithm, results["algorithms"][algorithm], out / f"learning-{algorithm}.png")
-    results["wall_seconds"] = time.time() - start
-    (out / "learning.json").write_text(json.dumps(results, indent=2))
+        results["wall_seconds"] = time.time() - start
+        (out / "learning.json").write_text(json.dumps(results, indent=2))  # after each algorithm: a crash keeps it
     print(table(results))
     print(f"wall time: {results['wall_seconds']:.0f}s; results in {out}")
     return results

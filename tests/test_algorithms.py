@@ -252,7 +252,8 @@ def test_vtrace_awr_fits_values_on_the_cache_with_two_forward_passes_per_update(
         metrics = learner.train_step([winning] * 4 + [losing] * 4)
         assert len(forwards) == 2  # the cached pass and the policy pass (one micro-batch each)
         value_losses.append((metrics["learner/vf_pre_loss"], metrics["learner/vf_post_loss"]))
-    assert value_losses[0][0] > 0.5 and value_losses[-1][1] < 0.2  # V = 0 everywhere would score 1.0
+    # V = 0 everywhere scores 1.0; the first update's loss is a mean over its 5 fitting epochs
+    assert value_losses[-1][1] < 0.05 and value_losses[-1][1] < value_losses[0][0] / 4
 
 
 def test_a2c_value_head_joins_the_optimizer(tiny_model_dir):

@@ -190,8 +190,9 @@ def build_tokenizer(vocab_size: int = 1024, corpus: Iterable[str] | None = None,
     )
 
 
-def _build_model(tokenizer, seed: int, **sizes):
-    """A randomly initialised float32 ``Qwen3ForCausalLM`` sized by ``sizes``, seeded with ``seed``."""
+def _build_model(tokenizer, seed: int, initializer_range: float, **sizes):
+    """A randomly initialised float32 ``Qwen3ForCausalLM`` sized by ``sizes``, seeded with ``seed``; weights are
+    drawn with standard deviation ``initializer_range``."""
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -204,6 +205,7 @@ def _build_model(tokenizer, seed: int, **sizes):
         bos_token_id=pad_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=pad_id,
+        initializer_range=initializer_range,
         **sizes,
     )
     with torch.random.fork_rng(devices=[]):
@@ -236,6 +238,7 @@ def build_tiny_model(
     num_kv_heads: int = 2,
     head_dim: int = 32,
     intermediate_size: int = 256,
+    initializer_range: float = 0.1,
     seed: int = 0,
     corpus: Iterable[str] | None = None,
 ) -> pathlib.Path:
@@ -243,7 +246,10 @@ def build_tiny_model(
 
     The tokenizer is a byte-level BPE with at most ``vocab_size`` tokens, trained on random-play
     TextArena games (or on ``corpus`` when given; see :func:`build_tokenizer`); the model's vocabulary
-    equals the tokenizer's. Weights are deterministic for a given ``seed``. ``head_dim`` must be at
+    equals the tokenizer's. Weights are deterministic for a given ``seed``; their standard deviation
+    ``initializer_range`` is 0.1 rather than Qwen3's 0.02, because at 0.02 a model this small (tied
+    embeddings of norm ~0.2) cannot make sharp predictions and learns to read the board far more slowly
+    (docs/learning.md). ``head_dim`` must be at
     least 32 (vLLM's CPU attention backend supports head sizes 32, 64, 80, ...). The model is written
     to a temporary sibling directory and renamed into place, so ``out_dir`` is never half-built; an
     existing ``out_dir`` is replaced.
@@ -256,6 +262,7 @@ def build_tiny_model(
     model = _build_model(
         tokenizer,
         seed,
+        initializer_range,
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
