@@ -141,6 +141,9 @@ def test_server_evicts_least_recently_used_adapter(tiny_model_dir, tmp_path):
     server.generate(GenerationRequest(PROMPT, paths[0]))  # evicted one comes back from its path
     assert backend.adapters == {"a2", "a0"}
     server.stop()
+    assert not server._worker.is_alive()  # stop() waits for the batching thread
+    with pytest.raises(RuntimeError, match="stopped"):
+        server.generate(GenerationRequest(PROMPT, paths[0]))
 
 
 def test_full_finetuning_checkpoint_replaces_served_weights(tiny_model_dir, tmp_path):

@@ -56,10 +56,13 @@ class InferenceServer:
             self._worker = threading.Thread(target=self._serve, name="inference-batcher", daemon=True)
             self._worker.start()
 
-    def stop(self) -> None:
-        """Stop the batching thread; pending requests fail with RuntimeError."""
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop the batching thread and wait up to `timeout_s` for it to finish the batch it is running;
+        pending requests fail with RuntimeError."""
         self._stopped.set()
         self._queue.put((None, None))  # type: ignore[arg-type]  # wakes the worker
+        if self._worker is not None and self._worker is not threading.current_thread():
+            self._worker.join(timeout_s)
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         """Complete one request (blocking until its batch ran)."""
@@ -69,6 +72,8 @@ class InferenceServer:
         """Queue one request (or hand it to a self-batching backend) and return a future for its result."""
         if self._backend is None:
             raise RuntimeError("InferenceServer.start() was not called")
+        if self._stopped.is_set():
+            raise RuntimeError("inference server stopped")
         if self._worker is None:
             return self._submit_direct(request)
         future: Future = Future()
