@@ -60,10 +60,18 @@ def run_loop(args) -> dict:
     from unstable.config import load_config
     from unstable.runtime import train
 
-    overrides = [f"learner.num_steps={args.steps}", f"collector.num_workers={args.workers}",
-                 "collector.num_eval_workers=0", "evaluation.games_at_start=0", "evaluation.games_at_end=0",
-                 f"inference.backend={args.backend}", f"inference.max_new_tokens={args.max_new_tokens}",
-                 f"learner.batch_size={args.batch_size}", "run.name=bench-loop", f"run.dir={args.run_dir}"]
+    overrides = [
+        f"learner.num_steps={args.steps}",
+        f"collector.num_workers={args.workers}",
+        "collector.num_eval_workers=0",
+        "evaluation.games_at_start=0",
+        "evaluation.games_at_end=0",
+        f"inference.backend={args.backend}",
+        f"inference.max_new_tokens={args.max_new_tokens}",
+        f"learner.batch_size={args.batch_size}",
+        "run.name=bench-loop",
+        f"run.dir={args.run_dir}",
+    ]
     cfg = load_config(ROOT / "examples" / "tictactoe-tiny.yaml", overrides)
     rows = []
     start = time.perf_counter()
@@ -112,15 +120,25 @@ def main() -> None:
 
     loop = run_loop(args)
     bare = run_bare(args, batch=args.workers)  # the engine alone with as many requests as the loop has games
-    result = {"backend": args.backend, "settings": vars(args), "loop": loop, "bare": bare,
-              "loop_over_bare": loop["tokens_per_s"] / bare["tokens_per_s"], "cpus": os.cpu_count()}
+    result = {
+        "backend": args.backend,
+        "settings": vars(args),
+        "loop": loop,
+        "bare": bare,
+        "loop_over_bare": loop["tokens_per_s"] / bare["tokens_per_s"],
+        "cpus": os.cpu_count(),
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"{'measure':<28}{'value':>12}")
-    for key, value in [("loop games/s", loop["games_per_s"]), ("loop generated tok/s", loop["tokens_per_s"]),
-                       ("learner s/step", loop["learner_s_per_step"]), ("peak RSS GB (all procs)", loop["peak_rss_gb"]),
-                       (f"bare backend tok/s @ {bare['batch']}", bare["tokens_per_s"]),
-                       ("loop / bare", result["loop_over_bare"])]:
+    for key, value in [
+        ("loop games/s", loop["games_per_s"]),
+        ("loop generated tok/s", loop["tokens_per_s"]),
+        ("learner s/step", loop["learner_s_per_step"]),
+        ("peak RSS GB (all procs)", loop["peak_rss_gb"]),
+        (f"bare backend tok/s @ {bare['batch']}", bare["tokens_per_s"]),
+        ("loop / bare", result["loop_over_bare"]),
+    ]:
         print(f"{key:<28}{value:>12.2f}")
     print(f"wrote {args.out}")
 
