@@ -78,11 +78,13 @@ class Settings:
     curve_points: int = 4
     curve_games: int = 100
 
+    def __post_init__(self):
+        if self.finetune not in ("full", "lora"):
+            raise ValueError(f"--finetune must be 'full' or 'lora', got {self.finetune!r}")
+
     @property
     def full(self) -> bool:
         """Whether SFT and RL train every weight (`--finetune full`) rather than a LoRA adapter."""
-        if self.finetune not in ("full", "lora"):
-            raise ValueError(f"--finetune must be 'full' or 'lora', got {self.finetune!r}")
         return self.finetune == "full"
 
     def policy(self, model: str, checkpoint: str) -> tuple[str, str | None]:

@@ -30,10 +30,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
 
-from unstable.algorithms.sft import SFT  # noqa: E402
 from unstable.learner.learner import DEFAULT_LORA, StandardLearner  # noqa: E402
-from unstable.learner.sft import generate_sft_steps  # noqa: E402
-from unstable.models.tiny import build_tiny_model, legal_moves  # noqa: E402
+from unstable.learner.sft import generate_sft_steps, sft_learner  # noqa: E402
+from unstable.models.tiny import build_tiny_model, build_tokenizer, legal_moves  # noqa: E402
 from unstable.records import EnvSpec, Step  # noqa: E402
 
 TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
@@ -68,13 +67,9 @@ def probe(name: str, model_dir: str, steps: list[Step], held_out: list[Step], ar
     init, lora_cfg, lr = VARIANTS[name]
     build_tiny_model(model_dir, initializer_range=init, seed=args.seed)
     torch.manual_seed(args.seed)
-    learner = StandardLearner(
+    learner = sft_learner(
         model_dir,
-        step_buffer=None,
-        model_pool=None,
-        tracker=None,
-        algorithm=SFT(),
-        run_dir=str(Path(model_dir).parent / "run"),
+        str(Path(model_dir).parent / "run"),
         learning_rate=lr,
         lora_cfg=lora_cfg,
         full_finetune=lora_cfg is None,
@@ -114,12 +109,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "variants": {},
     }
     with tempfile.TemporaryDirectory() as tmp:
-        tokenizer_model = build_tiny_model(Path(tmp) / "tokenizer-only", seed=args.seed)
-        from transformers import AutoTokenizer
-
-        moves = generate_sft_steps(
-            TICTACTOE, ["random", "random"], args.games, AutoTokenizer.from_pretrained(tokenizer_model)
-        )
+        # the tokenizer every variant's model is built with (it depends on the seed only)
+        moves = generate_sft_steps(TICTACTOE, ["random", "random"], args.games, build_tokenizer(seed=args.seed))
         random.Random(args.seed).shuffle(moves)
         held_out, train = moves[: args.held_out], moves[args.held_out :]
         for i, name in enumerate(args.variants):

@@ -72,6 +72,21 @@ def generate_sft_steps(
     return steps
 
 
+def sft_learner(model_path: str, run_dir: str, **learner_kwargs: Any) -> StandardLearner:
+    """A `StandardLearner` with the `SFT` algorithm and no buffer, pool or tracker: it trains on the steps
+    passed to `train_step` and saves checkpoints under `run_dir`. `learner_kwargs` go to the learner
+    (learning rate, LoRA or full fine-tuning, threads, ...)."""
+    return StandardLearner(
+        model_path,
+        step_buffer=None,
+        model_pool=None,
+        tracker=None,
+        algorithm=SFT(),
+        run_dir=run_dir,
+        **learner_kwargs,
+    )
+
+
 def run_sft(
     model_path: str,
     steps: list[Step],
@@ -97,17 +112,13 @@ def run_sft(
     if not steps:
         raise ValueError("no supervised steps to train on")
     torch.manual_seed(seed)  # the fresh LoRA weights
-    learner = StandardLearner(
+    learner = sft_learner(
         model_path,
-        step_buffer=None,
-        model_pool=None,
-        tracker=None,
-        algorithm=SFT(),
-        run_dir=out_dir,
-        micro_batch_tokens=micro_batch_tokens,
+        out_dir,
         learning_rate=learning_rate,
         lora_cfg=lora_cfg,
         full_finetune=full_finetune,
+        micro_batch_tokens=micro_batch_tokens,
         num_threads=num_threads,
     )
     rng = random.Random(seed)
