@@ -2,9 +2,11 @@
 
 TicTacToe: the tiny model is warm-started by SFT on the moves of the random agent (random vs random games, so
 it learns the answer format and, at best, which moves are legal, but no strategy), evaluated against the
-random agent and minimax, trained by mirror self-play with `unstable.runtime.train`, and evaluated again at
-saved checkpoints. Kuhn Poker: the same warm start and self-play, with the exact exploitability of the
-model's first-round policy measured at saved checkpoints.
+random agent and minimax, trained with `unstable.runtime.train` against the pool (by default half the games
+mirror self-play, half against the random agent; `--train-opponent mirror` for self-play only), and evaluated
+again at saved checkpoints. Kuhn Poker (`KuhnPoker-v0-single`: one hand per game, rewarded in chips): the
+same warm start and training, with the exact exploitability of the model's policy measured at saved
+checkpoints.
 
 Writes `learning.json` and one `learning-<algorithm>.png` per algorithm under `--out-dir` (checkpoints go to
 `--runs-dir`) and prints a table.
@@ -32,6 +34,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+from unstable.agents.scripted import make_scripted_agent  # noqa: E402
 from unstable.algorithms import ALGORITHMS  # noqa: E402
 from unstable.config.schema import validate_config  # noqa: E402
 from unstable.evaluation.evaluate import evaluate, kuhn_exploitability  # noqa: E402
@@ -44,7 +47,7 @@ from unstable.records import EnvSpec  # noqa: E402
 from unstable.runtime import train  # noqa: E402
 
 TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
-KUHN = EnvSpec("KuhnPoker-v0-train", 2, "qwen3-zs")
+KUHN = EnvSpec("KuhnPoker-v0-single-train", 2, "qwen3-zs")
 OPPONENTS = {TICTACTOE: ["random", "tictactoe-minimax"], KUHN: ["random", "kuhn-nash"]}
 # The tiny model's random embeddings are too small for sharp logits; a LoRA on the (tied) output layer fixes that.
 LORA_TARGETS = [*DEFAULT_LORA["target_modules"], "lm_head"]
@@ -60,6 +63,7 @@ class Settings:
     seed: int = 0
     threads: int = os.cpu_count() or 1  # SFT and evaluation; in RL the learner and inference get half each
     finetune: str = "full"
+    train_opponent: str = "random"  # half the RL games against this scripted agent; "mirror": self-play only
     temperature: float = 1.0
     max_new_tokens: int = 8
     lora_rank: int = 16
@@ -81,6 +85,8 @@ class Settings:
     def __post_init__(self):
         if self.finetune not in ("full", "lora"):
             raise ValueError(f"--finetune must be 'full' or 'lora', got {self.finetune!r}")
+        if self.train_opponent != "mirror":
+            make_scripted_agent(self.train_opponent, seed=0)  # an unknown name fails before any training
 
     @property
     def full(self) -> bool:
@@ -125,8 +131,12 @@ def warm_start(spec: EnvSpec, games: int, model: str, s: Settings) -> dict[str, 
 
 
 def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, s: Settings) -> dict[str, Any]:
-    """The RunConfig (as a dict) of mirror self-play from the warm-start checkpoint `warm`."""
+    """The RunConfig (as a dict) of RL from the warm-start checkpoint `warm`."""
     base, adapter = s.policy(model, warm)
+    if s.train_opponent == "mirror":
+        pool = {"sample_mode": "mirror"}
+    else:  # each game draws the newest checkpoint (mirror self-play) or the scripted agent, with equal odds
+        pool = {"sample_mode": "random", "fixed_opponents": [s.train_opponent], "max_active_lora": 1}
     return {
         "run": {"name": f"rl-{spec.env_id}-{algorithm}", "dir": s.runs_dir, "seed": s.seed},
         "model": {"path": base},
@@ -143,10 +153,11 @@ def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, 
             # the group baseline needs groups: each game branches into G continuations at one decision
             "group_size": s.group_size if algorithm == "group_baseline" else 1,
         },
-        "pool": {"sample_mode": "mirror"},
+        "pool": pool,
         "buffer": {
             "max_buffer_size": 2 * s.rl_batch_size,
-            "final_reward_transforms": [{"name": "WinDrawLossFormatter"}],
+            # the env's own rewards: TicTacToe +1/0/-1, single-hand Kuhn Poker the chips won (+-1, +-2)
+            "final_reward_transforms": [],
             # a rejected move is penalised itself (TextArena lets it retry, so the game result may be a win)
             "step_reward_transforms": [{"name": "PenaltyForInvalidMove", "args": {"penalty": -1.0}}],
             # a batch baseline: without it Reinforce's mostly negative rewards destroyed the answer format

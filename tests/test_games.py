@@ -5,8 +5,9 @@ import logging
 import pytest
 
 from unstable.agents.base import Agent
-from unstable.agents.scripted import RandomAgent
+from unstable.agents.scripted import RandomAgent, make_scripted_agent
 from unstable.games import extract_action, get_template, play_episode, validate_env_id
+from unstable.games.registry import make_env
 from unstable.records import Decision, EnvSpec
 
 TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
@@ -40,6 +41,34 @@ def test_unknown_env_id_names_close_matches():
     assert validate_env_id("TicTacToe-v0-train") == "TicTacToe-v0-train"
     with pytest.raises(ValueError, match="TicTacToe-v0-train"):
         validate_env_id("TicTacToe-v0-trian")
+
+
+# TextArena's Player 1 opens the hand; each sequence ends with the pot going to the shown player (None: the
+# higher card), and the chips each player put in: ante 1, plus 1 for a bet or a call.
+KUHN_SEQUENCES = {
+    ("[check]", "[check]"): (None, {0: 1, 1: 1}),
+    ("[check]", "[bet]", "[fold]"): (0, {0: 2, 1: 1}),
+    ("[check]", "[bet]", "[call]"): (None, {0: 2, 1: 2}),
+    ("[bet]", "[fold]"): (1, {0: 1, 1: 2}),
+    ("[bet]", "[call]"): (None, {0: 2, 1: 2}),
+}
+
+
+@pytest.mark.parametrize("moves", list(KUHN_SEQUENCES))
+def test_single_hand_kuhn_poker_rewards_the_chips_won(moves):
+    assert validate_env_id("KuhnPoker-v0-single-train") == "KuhnPoker-v0-single-train"
+    for seed in range(6):  # covers several deals
+        env = make_env("KuhnPoker-v0-single-train")
+        env.reset(num_players=2, seed=seed)
+        cards = dict(env.state.game_state["player_cards"])  # wrappers pass attributes through
+        for move in moves:
+            done, _ = env.step(move)
+        assert done
+        rewards, _ = env.close()
+        winner, put_in = KUHN_SEQUENCES[moves]
+        winner = winner if winner is not None else max(cards, key=cards.get)
+        pot = sum(put_in.values())
+        assert rewards == {pid: (pot if pid == winner else 0) - put_in[pid] for pid in (0, 1)}
 
 
 def test_full_game_between_two_random_agents():
@@ -98,3 +127,13 @@ def test_turn_cap_truncates_as_draw():
     record = play_episode(TICTACTOE, {0: RandomAgent(0), 1: RandomAgent(1)}, seed=0, max_turns=3)
     assert record.truncated and not record.failed
     assert record.rewards == {0: 0.0, 1: 0.0} and len(record.steps) == 3
+
+
+def test_single_hand_kuhn_poker_between_equilibrium_players_is_worth_minus_one_eighteenth():
+    spec = EnvSpec("KuhnPoker-v0-single-train", 2, "qwen3-zs")
+    games = 4000  # payoff std ~1.3 chips: standard error ~0.02
+    first_player = []
+    for seed in range(games):  # agent seeds apart from the env seed, whose global RNG deals the cards
+        agents = {pid: make_scripted_agent("kuhn-nash", 10**6 + 2 * seed + pid) for pid in (0, 1)}
+        first_player.append(play_episode(spec, agents, seed=seed).rewards[1])  # TextArena's Player 1 opens
+    assert abs(sum(first_player) / games - (-1 / 18)) < 0.07

@@ -120,13 +120,13 @@ class KuhnInfoSet:
 def kuhn_information_sets(env_id: str = "KuhnPoker-v0-train", max_seeds: int = 1000) -> Iterator[KuhnInfoSet]:
     """Yield the 12 first-round information sets (in INFOSETS order), each with an observation obtained by
     resetting `env_id` with seeds 0, 1, ... until the acting player holds the card, then playing the history."""
-    import textarena as ta  # imported here so the exact math above stays import-light
+    from unstable.games.registry import make_env  # imported here so the exact math above stays import-light
 
     moves = {"c": "[check]", "b": "[bet]"}
     for key in INFOSETS:
         card, history = key[0], key[1:]
         for seed in range(max_seeds):
-            env = ta.make(env_id)
+            env = make_env(env_id)
             env.reset(num_players=2, seed=seed)
             for letter in history:
                 env.step(moves[letter])

@@ -98,9 +98,9 @@ def _play_random_game(env_id: str, rng: random.Random, max_turns: int) -> list[s
     Returns every action plus the last observation each player saw; TextArena's ``-train``
     observations already hold the whole game so far, so earlier ones would only repeat text.
     """
-    import textarena
+    from unstable.games.registry import make_env
 
-    env = textarena.make(env_id)
+    env = make_env(env_id)
     env.reset(num_players=2, seed=rng.randrange(2**31))
     last_seen, actions = {}, []
     for _ in range(max_turns):
