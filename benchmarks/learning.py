@@ -98,6 +98,13 @@ class Settings:
         return (checkpoint, None) if self.full else (model, checkpoint)
 
     @property
+    def opponents_label(self) -> str:
+        """Who the RL games are played against, in words."""
+        if self.train_opponent == "mirror":
+            return "mirror self-play"
+        return f"half mirror self-play, half against {self.train_opponent}"
+
+    @property
     def sampling(self) -> SamplingConfig:
         """How every evaluation samples: the training temperature."""
         return SamplingConfig(self.max_new_tokens, self.temperature)
@@ -176,7 +183,7 @@ def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, 
     }
 
 
-def self_play(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, s: Settings) -> dict[str, Any]:
+def train_rl(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, s: Settings) -> dict[str, Any]:
     """Run RL; returns the run directory, a checkpoint path per step, the training rows and the seconds."""
     start = time.time()
     rows: list[dict[str, Any]] = []
@@ -220,7 +227,7 @@ def evaluate_at(spec: EnvSpec, model: str, checkpoint: str, opponents: list[str]
 
 def tictactoe(algorithm: str, warm: dict[str, Any], model: str, s: Settings) -> dict[str, Any]:
     """Self-play on TicTacToe, then the win-rate curve vs random and the final evaluation."""
-    run = self_play(TICTACTOE, algorithm, warm["checkpoint"], s.rl_steps, model, s)
+    run = train_rl(TICTACTOE, algorithm, warm["checkpoint"], s.rl_steps, model, s)
     final = evaluate_at(TICTACTOE, model, run["checkpoints"][s.rl_steps], OPPONENTS[TICTACTOE], s.eval_games, s)
     curve = [outcome_point(0, warm["eval"], "random")]
     for step in curve_steps(s.rl_steps, s.curve_points)[1:-1]:
@@ -232,7 +239,7 @@ def tictactoe(algorithm: str, warm: dict[str, Any], model: str, s: Settings) -> 
 
 def kuhn(algorithm: str, warm: dict[str, Any], model: str, infosets, s: Settings) -> dict[str, Any]:
     """Self-play on Kuhn Poker, exploitability at evenly spaced checkpoints, and the final evaluation."""
-    run = self_play(KUHN, algorithm, warm["checkpoint"], s.kuhn_rl_steps, model, s)
+    run = train_rl(KUHN, algorithm, warm["checkpoint"], s.kuhn_rl_steps, model, s)
     curve = []
     for step in curve_steps(s.kuhn_rl_steps, s.curve_points * 2):
         base, adapter = s.policy(model, run["checkpoints"][step])
@@ -334,7 +341,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "algorithms": {},
     }
     for algorithm in algorithms:
-        print(f"self-play RL: {algorithm}", flush=True)
+        print(f"RL: {algorithm}, {s.opponents_label}", flush=True)
         results["algorithms"][algorithm] = {
             "tictactoe": tictactoe(algorithm, warm["tictactoe"], model, s),
             "kuhn": kuhn(algorithm, warm["kuhn"], model, infosets, s),
