@@ -3,7 +3,7 @@
 import json
 
 from unstable.config import load_config
-from unstable.runtime import train
+from unstable.runtime import new_run_dir, train
 
 from .test_config import EXAMPLE
 
@@ -33,3 +33,15 @@ def test_two_learner_steps_through_ray(tiny_model_dir, tmp_path):
     assert (run_dir / "config.yaml").exists()
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["final"] is True and "eval_end" in lines[-1]
+
+
+def test_a_new_run_never_writes_into_an_earlier_runs_directory(tmp_path):
+    path = tmp_path / "run"
+    assert new_run_dir(path) == path  # not there yet
+    path.mkdir()
+    assert new_run_dir(path) == path  # empty
+    (path / "metrics.jsonl").write_text("{}\n")
+    assert new_run_dir(path) == tmp_path / "run-2"
+    (tmp_path / "run-2").mkdir()
+    (tmp_path / "run-2" / "config.yaml").write_text("")
+    assert new_run_dir(path) == tmp_path / "run-3"

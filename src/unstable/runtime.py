@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -102,6 +103,18 @@ def outcome_table(records: list[GameRecord]) -> dict[str, float]:
     }
 
 
+def new_run_dir(path: Path) -> Path:
+    """`path`, or when a run already wrote there, the first free `path-2`, `path-3`, ...: a new run never
+    appends its metrics to an old run's or overwrites its checkpoints."""
+    candidate, number = path, 1
+    while candidate.exists() and any(candidate.iterdir()):
+        number += 1
+        candidate = path.with_name(f"{path.name}-{number}")
+    if candidate != path:
+        log.warning("run dir %s holds an earlier run; this run writes to %s", path, candidate)
+    return candidate
+
+
 def train(cfg: RunConfig, on_row: Callable[[dict[str, Any]], None] = lambda row: None) -> RunSummary:
     """Run the whole loop on Ray: evaluate, collect and learn concurrently, evaluate again, shut down."""
     import ray
@@ -117,7 +130,7 @@ def train(cfg: RunConfig, on_row: Callable[[dict[str, Any]], None] = lambda row:
     from unstable.tracking import Tracker
 
     start = time.time()
-    run_dir = cfg.run.path
+    run_dir = new_run_dir(cfg.run.path)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     model_path = resolve_model_path(cfg)

@@ -44,7 +44,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.set)
     total = cfg.learner.num_steps
-    print(f"unstable: training {cfg.run.name} for {total} learner steps -> {cfg.run.path}", flush=True)
+    print(f"unstable: training {cfg.run.name} for {total} learner steps", flush=True)
     summary = train(cfg, on_row=lambda row: print(format_progress(row, total), flush=True))
     print("\n=== summary ===")
     print(f"  run dir: {summary.run_dir}")
