@@ -267,7 +267,9 @@ def plot(name: str, result: dict[str, Any], path: Path) -> None:
     left.legend(fontsize=8)
     kuhn_curve = result["kuhn"]["curve"]
     right.plot([p["step"] for p in kuhn_curve], [p["exploitability"] for p in kuhn_curve], "o-")
-    right.axhline(0, color="grey", linestyle=":")
+    right.axhline(0, color="grey", linestyle=":", label="equilibrium (0)")
+    right.axhline(1 / 3, color="grey", linestyle="--", label="always bet/call (1/3)")
+    right.legend(fontsize=8)
     right.set(title=f"Kuhn Poker, {name}", xlabel="learner step", ylabel="exploitability (chips/round)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
