@@ -226,7 +226,7 @@ def evaluate_at(spec: EnvSpec, model: str, checkpoint: str, opponents: list[str]
 
 
 def tictactoe(algorithm: str, warm: dict[str, Any], model: str, s: Settings) -> dict[str, Any]:
-    """Self-play on TicTacToe, then the win-rate curve vs random and the final evaluation."""
+    """RL on TicTacToe, then the win-rate curve vs random and the final evaluation."""
     run = train_rl(TICTACTOE, algorithm, warm["checkpoint"], s.rl_steps, model, s)
     final = evaluate_at(TICTACTOE, model, run["checkpoints"][s.rl_steps], OPPONENTS[TICTACTOE], s.eval_games, s)
     curve = [outcome_point(0, warm["eval"], "random")]
@@ -238,7 +238,7 @@ def tictactoe(algorithm: str, warm: dict[str, Any], model: str, s: Settings) -> 
 
 
 def kuhn(algorithm: str, warm: dict[str, Any], model: str, infosets, s: Settings) -> dict[str, Any]:
-    """Self-play on Kuhn Poker, exploitability at evenly spaced checkpoints, and the final evaluation."""
+    """RL on Kuhn Poker, exploitability at evenly spaced checkpoints, and the final evaluation."""
     run = train_rl(KUHN, algorithm, warm["checkpoint"], s.kuhn_rl_steps, model, s)
     curve = []
     for step in curve_steps(s.kuhn_rl_steps, s.curve_points * 2):

@@ -2,10 +2,9 @@
 
 TextArena's `KuhnPoker-v0` plays three hands, rewards +1/-1 for holding more chips at the end, and never
 moves a bet or a call into the pot (every hand is worth the antes). Under those rules folding is never
-better than calling, so a policy trained on them drifts to "always bet, always call" (exploitability 1/3)
-instead of the equilibrium. `KuhnPokerHandEnv` plays a single hand, puts bets and calls in the pot and
-rewards each player the chips it won or lost (+-1 or +-2): the zero-sum payoff of game-theoretic Kuhn
-Poker, whose equilibrium value for the first player is -1/18.
+better than calling, so their equilibrium is not Kuhn Poker's. `KuhnPokerHandEnv` plays a single hand, puts
+bets and calls in the pot and rewards each player the chips it won or lost (+-1 or +-2): the zero-sum payoff
+of game-theoretic Kuhn Poker, whose equilibrium value for the first player is -1/18.
 """
 
 from __future__ import annotations
