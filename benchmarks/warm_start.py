@@ -69,7 +69,7 @@ def probe(name: str, model_dir: str, steps: list[Step], held_out: list[Step], ar
     torch.manual_seed(args.seed)
     learner = sft_learner(
         model_dir,
-        str(Path(model_dir).parent / "run"),
+        run_dir=str(Path(model_dir).parent / "run"),
         learning_rate=lr,
         lora_cfg=lora_cfg,
         full_finetune=lora_cfg is None,

@@ -23,15 +23,13 @@ import torch
 
 from unstable.agents.policy import GenerationClient, PolicyAgent
 from unstable.agents.scripted import SCRIPTED_AGENTS, make_scripted_agent
-from unstable.algorithms.sft import SFT
 from unstable.collector.collector import seat_agents
 from unstable.evaluation.kuhn import KuhnInfoSet, aggressive_probability, exploitability, kuhn_information_sets
 from unstable.evaluation.stats import WDL
 from unstable.games.episode import DEFAULT_MAX_TURNS, play_episode
 from unstable.games.templates import get_template
 from unstable.inference import InferenceServer, SamplingConfig, make_backend
-from unstable.learner.learner import StandardLearner
-from unstable.learner.sft import supervised_step
+from unstable.learner.sft import sft_learner, supervised_step
 from unstable.records import Checkpoint, EnvSpec, GameRecord, Step
 
 MODEL_UID = "model"
@@ -121,16 +119,7 @@ def summarize_matches(records: list[GameRecord]) -> dict[str, Any]:
 
 def scoring_learner(model_path: str, adapter: str | None = None, temperature: float = 1.0):
     """A StandardLearner holding the model (plus `adapter`) whose `token_logprobs` use `temperature`."""
-    learner = StandardLearner(
-        model_path,
-        step_buffer=None,
-        model_pool=None,
-        tracker=None,
-        algorithm=SFT(),
-        initial_lora_path=adapter,
-        full_finetune=adapter is None,
-        temperature=temperature,
-    )
+    learner = sft_learner(model_path, initial_lora_path=adapter, full_finetune=adapter is None, temperature=temperature)
     learner.initialize()
     learner.model.eval()
     return learner

@@ -72,18 +72,13 @@ def generate_sft_steps(
     return steps
 
 
-def sft_learner(model_path: str, run_dir: str, **learner_kwargs: Any) -> StandardLearner:
+def sft_learner(model_path: str, **learner_kwargs: Any) -> StandardLearner:
     """A `StandardLearner` with the `SFT` algorithm and no buffer, pool or tracker: it trains on the steps
-    passed to `train_step` and saves checkpoints under `run_dir`. `learner_kwargs` go to the learner
-    (learning rate, LoRA or full fine-tuning, threads, ...)."""
+    passed to `train_step`, scores completions with `token_logprobs`, and saves checkpoints under its
+    `run_dir`. `learner_kwargs` go to the learner (run_dir, learning rate, LoRA or full fine-tuning, an
+    initial adapter, threads, temperature, ...)."""
     return StandardLearner(
-        model_path,
-        step_buffer=None,
-        model_pool=None,
-        tracker=None,
-        algorithm=SFT(),
-        run_dir=run_dir,
-        **learner_kwargs,
+        model_path, step_buffer=None, model_pool=None, tracker=None, algorithm=SFT(), **learner_kwargs
     )
 
 
@@ -114,7 +109,7 @@ def run_sft(
     torch.manual_seed(seed)  # the fresh LoRA weights
     learner = sft_learner(
         model_path,
-        out_dir,
+        run_dir=out_dir,
         learning_rate=learning_rate,
         lora_cfg=lora_cfg,
         full_finetune=full_finetune,
