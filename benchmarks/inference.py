@@ -88,19 +88,21 @@ def weight_bytes(model_dir: pathlib.Path, dtype_bytes: int) -> int:
 
 def build_backend(name: str, model_dir: pathlib.Path, dtype: str, max_new_tokens: int, device: str):
     """One backend serving `model_dir` with temperature-1 sampling."""
-    from unstable.inference import SamplingConfig, make_backend
+    from unstable.inference import InferenceConfig, make_backend
     from unstable.inference.transformers_backend import TransformersBackend
 
-    sampling = SamplingConfig(max_new_tokens=max_new_tokens)
+    cfg = InferenceConfig(
+        backend=name, max_new_tokens=max_new_tokens, max_model_len=1024, max_loras=1, num_threads=None
+    )
     if name == "transformers":
-        return TransformersBackend(str(model_dir), sampling, dtype=dtype, device=device, max_model_len=1024)
-    return make_backend(name, str(model_dir), sampling, dtype=dtype, max_model_len=1024, max_loras=1)
+        return TransformersBackend(str(model_dir), cfg.sampling, dtype=dtype, device=device, max_model_len=1024)
+    return make_backend(str(model_dir), cfg, dtype=dtype)
 
 
 def tokens_per_second(backend, batch: int) -> tuple[int, float]:
     """Generate one batch of distinct game prompts; returns (generated tokens, seconds)."""
     from unstable.games import get_template
-    from unstable.inference import GenerationRequest
+    from unstable.records import GenerationRequest
 
     template = get_template("qwen3-zs")
     requests = [

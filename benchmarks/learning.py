@@ -36,12 +36,13 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from unstable.agents.scripted import make_scripted_agent  # noqa: E402
 from unstable.algorithms import ALGORITHMS  # noqa: E402
+from unstable.collector.demonstrations import generate_sft_steps  # noqa: E402
 from unstable.config.schema import validate_config  # noqa: E402
 from unstable.evaluation.evaluate import evaluate, kuhn_exploitability  # noqa: E402
-from unstable.evaluation.kuhn import kuhn_information_sets  # noqa: E402
-from unstable.inference import SamplingConfig  # noqa: E402
-from unstable.learner.learner import DEFAULT_LORA  # noqa: E402
-from unstable.learner.sft import generate_sft_steps, run_sft  # noqa: E402
+from unstable.games.kuhn import kuhn_information_sets  # noqa: E402
+from unstable.inference import InferenceConfig  # noqa: E402
+from unstable.learner import LearnerConfig, LoraConfig  # noqa: E402
+from unstable.learner.sft import run_sft  # noqa: E402
 from unstable.models.tiny import ensure_tiny_model  # noqa: E402
 from unstable.records import EnvSpec  # noqa: E402
 from unstable.runtime import train  # noqa: E402
@@ -50,7 +51,7 @@ TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
 KUHN = EnvSpec("KuhnPoker-v0-single-train", 2, "qwen3-zs")
 OPPONENTS = {TICTACTOE: ["random", "tictactoe-minimax"], KUHN: ["random", "kuhn-nash"]}
 # The tiny model's random embeddings are too small for sharp logits; a LoRA on the (tied) output layer fixes that.
-LORA_TARGETS = [*DEFAULT_LORA["target_modules"], "lm_head"]
+LORA_TARGETS = [*LoraConfig().target_modules, "lm_head"]
 
 
 @dataclass
@@ -105,9 +106,11 @@ class Settings:
         return f"half mirror self-play, half against {self.train_opponent}"
 
     @property
-    def sampling(self) -> SamplingConfig:
-        """How every evaluation samples: the training temperature."""
-        return SamplingConfig(self.max_new_tokens, self.temperature)
+    def inference(self) -> InferenceConfig:
+        """How every evaluation samples (the training temperature) and its threads."""
+        return InferenceConfig(
+            max_new_tokens=self.max_new_tokens, temperature=self.temperature, num_threads=self.threads
+        )
 
 
 def lora_cfg(s: Settings) -> dict[str, Any]:
@@ -121,16 +124,18 @@ def warm_start(spec: EnvSpec, games: int, model: str, s: Settings) -> dict[str, 
 
     start = time.time()
     steps = generate_sft_steps(spec, ["random", "random"], games, AutoTokenizer.from_pretrained(model), seed=s.seed)
+    cfg = LearnerConfig(
+        batch_size=s.sft_batch_size,
+        learning_rate=s.sft_lr,
+        lora=None if s.full else lora_cfg(s),
+        num_threads=s.threads,
+    )
     checkpoint = run_sft(
         model,
         steps,
+        cfg,
         out_dir=str(Path(s.runs_dir) / f"sft-{spec.env_id}"),
         epochs=s.sft_epochs,
-        batch_size=s.sft_batch_size,
-        learning_rate=s.sft_lr,
-        lora_cfg=None if s.full else lora_cfg(s),
-        full_finetune=s.full,
-        num_threads=s.threads,
         seed=s.seed,
         on_epoch=lambda row: print(f"  sft {spec.env_id} epoch {row['epoch']}: loss {row['loss']:.4f}", flush=True),
     )
@@ -219,9 +224,8 @@ def evaluate_at(spec: EnvSpec, model: str, checkpoint: str, opponents: list[str]
         opponents,
         adapter=adapter,
         games_per_opponent=games,
-        sampling=s.sampling,
+        inference=s.inference,
         seed=s.seed,
-        num_threads=s.threads,
     )
 
 

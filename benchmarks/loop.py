@@ -90,11 +90,12 @@ def run_loop(args) -> dict:
 def run_bare(args, batch: int) -> dict:
     """The bare backend: repeated batches of `batch` TicTacToe prompts, no Ray, no games."""
     from unstable.games import get_template
-    from unstable.inference import GenerationRequest, SamplingConfig, make_backend
+    from unstable.inference import InferenceConfig, make_backend
     from unstable.models.tiny import ensure_tiny_model
+    from unstable.records import GenerationRequest
 
     model = str(ensure_tiny_model(ROOT / ".cache" / "tiny-qwen3"))
-    backend = make_backend(args.backend, model, SamplingConfig(args.max_new_tokens), num_threads=1)
+    backend = make_backend(model, InferenceConfig(backend=args.backend, max_new_tokens=args.max_new_tokens))
     prompt = get_template("qwen3-zs").render("Current Board:\n 0 | 1 | 2 \nAvailable Moves: '[0]', '[1]', '[2]'")
     requests = [GenerationRequest(prompt)] * batch
     backend.generate(requests)  # warm-up

@@ -3,7 +3,7 @@
 The random agent only plays empty cells, so a model that reads the board puts all its probability on legal
 cells; one that only learned the answer format spreads it like the marginal distribution of moves (~0.6 on
 legal cells). For each variant (weight init scale, full fine-tuning or LoRA) this builds the tiny model,
-trains on the same moves with the `SFT` algorithm and `StandardLearner`, and every `--eval-every` updates
+trains on the same moves with the `SFT` algorithm and a `Learner`, and every `--eval-every` updates
 measures the probability mass the model puts on legal cells at the answer's digit, on held-out positions.
 
 Writes `warm_start.json` under `--out-dir` and prints a table. Run on demand (never from tests):
@@ -30,13 +30,15 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
 
-from unstable.learner.learner import DEFAULT_LORA, StandardLearner  # noqa: E402
-from unstable.learner.sft import generate_sft_steps, sft_learner  # noqa: E402
-from unstable.models.tiny import build_tiny_model, build_tokenizer, legal_moves  # noqa: E402
+from unstable.collector.demonstrations import generate_sft_steps  # noqa: E402
+from unstable.games.moves import legal_moves  # noqa: E402
+from unstable.learner import LearnerConfig, LoraConfig, PolicyModel  # noqa: E402
+from unstable.learner.sft import sft_learner  # noqa: E402
+from unstable.models.tiny import build_tiny_model, build_tokenizer  # noqa: E402
 from unstable.records import EnvSpec, Step  # noqa: E402
 
 TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
-LORA_ALL = {"lora_rank": 16, "lora_alpha": 32, "target_modules": [*DEFAULT_LORA["target_modules"], "lm_head"]}
+LORA_ALL = {"lora_rank": 16, "lora_alpha": 32, "target_modules": [*LoraConfig().target_modules, "lm_head"]}
 VARIANTS = {  # name: (initializer_range, LoRA config or None for full fine-tuning, learning rate)
     "init 0.02, full fine-tune": (0.02, None, 1e-3),
     "init 0.1, full fine-tune": (0.1, None, 1e-3),
@@ -44,21 +46,21 @@ VARIANTS = {  # name: (initializer_range, LoRA config or None for full fine-tuni
 }
 
 
-def legal_mass(learner: StandardLearner, steps: list[Step], tokenizer) -> float:
+def legal_mass(policy: PolicyModel, steps: list[Step], tokenizer) -> float:
     """Mean probability, over `steps`, that the model's answer digit names one of the position's legal cells.
 
     The model reads the prompt plus the completion up to the digit (`\\boxed{[`); the next-token distribution
     is summed over the digit tokens of the legal cells."""
     digits = {str(d): tokenizer.convert_tokens_to_ids(str(d)) for d in range(9)}
     masses = []
-    learner.model.eval()
+    policy.model.eval()
     with torch.no_grad():
         for step in steps:
             prefix = list(step.prompt_token_ids) + list(step.completion_token_ids[:3])  # '\', 'boxed', '{['
-            probs = learner.model(input_ids=torch.tensor([prefix])).logits[0, -1].softmax(-1)
+            probs = policy.model(input_ids=torch.tensor([prefix])).logits[0, -1].softmax(-1)
             legal = [move.strip("[]") for move in legal_moves(step.observation)]
             masses.append(sum(probs[digits[d]].item() for d in legal))
-    learner.model.train()
+    policy.model.train()
     return sum(masses) / len(masses)
 
 
@@ -67,14 +69,7 @@ def probe(name: str, model_dir: str, steps: list[Step], held_out: list[Step], ar
     init, lora_cfg, lr = VARIANTS[name]
     build_tiny_model(model_dir, initializer_range=init, seed=args.seed)
     torch.manual_seed(args.seed)
-    learner = sft_learner(
-        model_dir,
-        run_dir=str(Path(model_dir).parent / "run"),
-        learning_rate=lr,
-        lora_cfg=lora_cfg,
-        full_finetune=lora_cfg is None,
-        num_threads=args.threads,
-    )
+    learner = sft_learner(model_dir, LearnerConfig(learning_rate=lr, lora=lora_cfg, num_threads=args.threads))
     learner.initialize()
     rng, order, start, losses, curve = random.Random(args.seed), [], time.time(), [], []
     for update in range(1, args.updates + 1):
@@ -83,7 +78,7 @@ def probe(name: str, model_dir: str, steps: list[Step], held_out: list[Step], ar
         batch, order = order[: args.batch_size], order[args.batch_size :]
         losses.append(learner.train_step(batch)["learner/loss"])
         if update % args.eval_every == 0:
-            mass = legal_mass(learner, held_out, learner.tokenizer)
+            mass = legal_mass(learner.policy, held_out, learner.policy.tokenizer)
             loss = sum(losses[-args.eval_every :]) / args.eval_every
             curve.append({"updates": update, "loss": loss, "legal_mass": mass, "seconds": time.time() - start})
             print(f"  {name}: {update} updates, loss {loss:.3f}, legal mass {mass:.3f}", flush=True)

@@ -1,6 +1,7 @@
 """Algorithms: every loss on hand-computed numbers, batching and staleness, and a two-action text bandit on the
 tiny model that each algorithm must learn."""
 
+import copy
 import math
 
 import pytest
@@ -10,14 +11,16 @@ from unstable.algorithms import A2C, ALGORITHMS, PPO, Reinforce, VTraceAWR
 from unstable.algorithms.base import normalized_sum
 from unstable.algorithms.group_baseline import group_advantages
 from unstable.algorithms.vtrace_awr import one_step_vtrace
+from unstable.batching import collate, decision_positions, micro_batches, pack_micro_batches
 from unstable.buffer import StepBuffer
 from unstable.config import ConfigError, validate_config
-from unstable.learner import StandardLearner
-from unstable.learner.batching import collate, decision_positions, pack_micro_batches
+from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
 from unstable.pool import ModelPool
 from unstable.records import Step
 from unstable.rl import awr_weights
-from unstable.tracking import Tracker
+from unstable.runtime.loop import LearnerLoop
+from unstable.tracking import Tracker, keys
+from unstable.trainable import PolicyOutput
 
 E = math.e
 
@@ -68,9 +71,19 @@ def test_collate_aligns_masks_and_truncates_keeping_the_first_tokens():
 def test_micro_batches_respect_the_token_budget():
     steps = [_step(prompt=(1,) * (n - 1), completion=(2,)) for n in (9, 3, 5, 5)]
     groups = pack_micro_batches(steps, token_budget=10)
-    assert [[len(s.prompt_token_ids) + 1 for s in g] for g in groups] == [[3, 5], [5], [9]]
+    assert groups == [[1, 2], [3], [0]]  # indices into `steps`, shortest first
+    assert [[len(steps[i].prompt_token_ids) + 1 for i in g] for g in groups] == [[3, 5], [5], [9]]
     assert [len(g) for g in pack_micro_batches(steps, token_budget=10, max_train_len=4)] == [2, 2]  # 4 tokens each
     assert [len(g) for g in pack_micro_batches(steps, token_budget=100, max_rows=3)] == [3, 1]
+
+
+def test_micro_batches_remember_the_rows_they_came_from():
+    steps = [_step(prompt=(1,) * n, completion=(2,), reward=float(n)) for n in (8, 2, 4, 4)]
+    batches = micro_batches(steps, pad_id=0, token_budget=10)
+    assert [b.rows.tolist() for b in batches] == [[1, 2], [3], [0]]
+    for batch in batches:  # row b of every tensor is steps[rows[b]], equal steps included
+        assert batch.rewards.tolist() == [steps[i].reward for i in batch.rows.tolist()]
+        assert all(s is steps[i] for s, i in zip(batch.steps, batch.rows.tolist()))
 
 
 # --- hand-computed losses ---------------------------------------------------------------------------------
@@ -173,9 +186,9 @@ def bandit(tiny_model_dir):
 
 
 def _learner(tiny_model_dir, algorithm, **kw):
-    options = {"lora_cfg": {"lora_rank": 4}, "learning_rate": 0.005, "micro_batch_tokens": 512, "num_threads": 1}
-    components = {"step_buffer": None, "model_pool": None, "tracker": None}
-    learner = StandardLearner(tiny_model_dir, algorithm=algorithm, **(components | options | kw))
+    options = {"lora": LoraConfig(lora_rank=4), "learning_rate": 0.005, "micro_batch_tokens": 512, "num_threads": 1}
+    cfg = LearnerConfig(**(options | kw))
+    learner = Learner(PolicyModel(tiny_model_dir, cfg), algorithm, cfg)
     torch.manual_seed(0)  # the LoRA initialisation
     learner.initialize()
     return learner
@@ -185,8 +198,8 @@ def _scored(learner, prompt, completion, reward, shift=0.0, **kw):
     """A step whose behaviour log-probs are the learner's current ones minus `shift`."""
     step = _step(prompt=prompt, completion=completion, reward=reward, **kw)
     with torch.no_grad():
-        batch = collate([step], learner.pad_id)
-        logp = learner.token_logprobs(batch)[batch.completion_mask.bool()]  # (n_completion,)
+        batch = collate([step], learner.policy.pad_id)
+        logp = learner.forward(batch).logprobs[batch.completion_mask.bool()]  # (n_completion,)
     return _step(prompt=prompt, completion=completion, behaviour=(logp - shift).tolist(), reward=reward, **kw)
 
 
@@ -271,17 +284,15 @@ def test_stale_samples_are_dropped_and_counted(tiny_model_dir, tmp_path, bandit)
     pool = ModelPool()
     pool.add_checkpoint(path=None, iteration=-1)
     buffer = StepBuffer(max_buffer_size=16)
-    learner = _learner(
-        tiny_model_dir, Reinforce(), step_buffer=buffer, model_pool=pool, tracker=Tracker(tmp_path),
-        run_dir=str(tmp_path), batch_size=4, max_staleness=2,
-    )  # fmt: skip
+    learner = _learner(tiny_model_dir, Reinforce(), batch_size=4, max_staleness=2)
+    loop = LearnerLoop(learner, buffer, pool, Tracker(tmp_path), str(tmp_path))
     learner.step = 5  # as if five updates had been made
     versions = [5, 4, 2, -1]  # staleness 0, 1, 3, 5 (the base model counts as version 0)
     steps = [_step(policy_version=v, reward=1.0) for v in versions]
     assert [learner.staleness(s) for s in steps] == [0, 1, 3, 5]
     assert learner.drop_stale(steps) == (steps[:2], 2)
     buffer.steps.extend(steps)
-    row = learner.train(1)[0]
+    row = loop.train(1)[0]
     assert row["learner/stale_dropped"] == 2 and row["learner/batch_size"] == 2
     assert row["learner/staleness_max"] == 1 and row["learner/step"] == 6
 
@@ -301,3 +312,62 @@ def test_config_carries_algorithm_args_staleness_bound_and_group_size():
     data["collector"]["group_size"] = 0
     with pytest.raises(ConfigError, match="collector.group_size = 0"):
         validate_config(data)
+
+
+# --- state for resume ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["reinforce", "ppo", "a2c", "vtrace_awr"])
+def test_learner_state_dict_restores_everything_it_owns(tiny_model_dir, bandit, name):
+    learner = _learner(tiny_model_dir, ALGORITHMS[name]())
+    learner.train_step(_bandit_batch(learner, bandit))
+    state = copy.deepcopy(learner.state_dict())
+    batch = _bandit_batch(learner, bandit)
+    expected = learner.train_step(batch)
+
+    torch.manual_seed(1)  # other LoRA and value-head initialisations: loading must overwrite them
+    fresh = Learner(PolicyModel(tiny_model_dir, learner.cfg), ALGORITHMS[name](), learner.cfg)
+    fresh.load_state_dict(state)
+    assert fresh.step == 1
+    restored = fresh.train_step(batch)  # the same update from the same state gives the same result
+    assert restored[keys.LOSS] == pytest.approx(expected[keys.LOSS], rel=1e-5, abs=1e-7)
+    for key, value in learner.policy.trainable_state().items():
+        torch.testing.assert_close(fresh.policy.trainable_state()[key], value)
+    assert all(isinstance(v, float | int) for v in expected.values()) and keys.LOSS in expected
+
+
+def test_algorithms_train_through_the_interface_not_the_learner():
+    class FakePolicy:
+        """The smallest TrainablePolicy: a lookup table of log-probs for two completions."""
+
+        device, hidden_size = "cpu", 4
+
+        def __init__(self):
+            self.table = torch.zeros(2, requires_grad=True)
+            self.steps_taken = 0
+
+        def micro_batches(self, steps):
+            return micro_batches(steps, pad_id=0, token_budget=100)
+
+        def forward(self, batch, *, encodings=False, entropy=False):
+            logp = torch.log_softmax(self.table, 0)[batch.input_ids[:, 1:] - 1]  # (B, L-1)
+            return PolicyOutput(logp, torch.zeros(len(batch.rows), 4) if encodings else None)
+
+        def track_ratios(self, logprobs, batch):
+            pass
+
+        def add_parameters(self, params, lr=None):
+            pass
+
+        def optimizer_step(self):
+            with torch.no_grad():
+                self.table -= self.table.grad
+            self.table.grad = None
+            self.steps_taken += 1
+            return 0.0
+
+    policy = FakePolicy()
+    steps = [_step(prompt=(1,), completion=(2,), reward=1.0), _step(prompt=(1,), completion=(1,), reward=-1.0)]
+    metrics = Reinforce().update(steps, policy)
+    assert policy.steps_taken == 1 and keys.LOSS in metrics
+    assert policy.table[1] > policy.table[0]  # the rewarded completion (token 2) became more likely

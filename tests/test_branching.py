@@ -5,16 +5,18 @@ import logging
 import random
 
 from unstable.agents.base import Agent
-from unstable.agents.scripted import RandomAgent, parse_legal_moves
+from unstable.agents.scripted import RandomAgent
 from unstable.buffer import StepBuffer
 from unstable.collector import Collector
+from unstable.collector.config import CollectorConfig
 from unstable.games.branching import play_branched_episode, random_branch_turn
 from unstable.games.episode import start_env
-from unstable.inference.base import GenerationResult
+from unstable.games.moves import legal_moves
 from unstable.pool import ModelPool
-from unstable.records import Decision, EnvSpec, Step
+from unstable.pool.config import PoolConfig
+from unstable.records import Decision, EnvSpec, GenerationResult, Step
 from unstable.rewards import WinDrawLossFormatter
-from unstable.tracking import Tracker
+from unstable.tracking import Tracker, keys
 
 TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
 KUHN = EnvSpec("KuhnPoker-v0-train", 2, "qwen3-zs")  # three rounds: later deals draw on global `random`
@@ -26,7 +28,7 @@ class _Always(Agent):
     name = "always"
 
     def act(self, observation):
-        return Decision(action=parse_legal_moves(observation)[0])
+        return Decision(action=legal_moves(observation)[0])
 
 
 def test_deep_copied_envs_continue_independently():
@@ -110,19 +112,18 @@ class _FakeEngine:
         self.rng = random.Random(0)
 
     def generate(self, request):
-        move = self.rng.choice(parse_legal_moves(request.prompt))
+        move = self.rng.choice(legal_moves(request.prompt))
         return GenerationResult(f"\\boxed{{{move}}}", (1, 2), (3,), (-0.5,))
 
 
 def test_collector_group_size_sends_every_branch_to_the_buffer(tmp_path):
-    pool = ModelPool(sample_mode="mirror")
+    pool = ModelPool(PoolConfig(sample_mode="mirror"))
     pool.add_checkpoint(path=None, iteration=-1)
     buffer = StepBuffer(max_buffer_size=256, final_reward_transformation=WinDrawLossFormatter())
-    collector = Collector(
-        _FakeEngine(), pool, buffer, Tracker(tmp_path), training_envs=[TICTACTOE], group_size=3, seed=1
-    )
+    cfg = CollectorConfig(training_envs=[TICTACTOE], group_size=3)
+    collector = Collector(_FakeEngine(), pool, buffer, Tracker(tmp_path), cfg, seed=1)
     collector.play_one(is_eval=False)
     grouped = [s for s in buffer.steps if s.group_id is not None]
     assert len(grouped) == 3 and len({s.group_id for s in grouped}) == 1
     assert pool.games_played == 1  # ratings see one whole game
-    assert buffer.counters["games_added"] == 3
+    assert buffer.metrics()[keys.BUFFER_GAMES_ADDED] == 3

@@ -7,7 +7,8 @@ from concurrent.futures import Future
 import pytest
 
 from unstable.config import ConfigError, validate_config
-from unstable.inference import GenerationRequest, GenerationResult, InferenceClient, InferenceServer
+from unstable.inference import InferenceClient, InferenceServer
+from unstable.records import GenerationRequest, GenerationResult
 
 RESULT = GenerationResult("x", (1, 2), (3, 4, 5), (-0.1, -0.2, -0.3))
 
@@ -61,7 +62,7 @@ def test_stats_merge_over_servers_and_the_client_pickles():
     client = pickle.loads(pickle.dumps(InferenceClient(servers)))
     for i in range(3):
         client.generate(GenerationRequest(str(i)))
-    stats = client.stats()
+    stats = client.metrics()
     assert stats["inference/requests"] == 3 and stats["inference/generated_tokens"] == 9
     assert stats["inference/tokens_per_s"] == 20.0 and stats["inference/mean_batch_size"] == 1.5
     assert stats["inference/busy_fraction"] == 0.75

@@ -11,13 +11,14 @@ from unstable.agents.scripted import RandomAgent
 from unstable.algorithms import Reinforce
 from unstable.buffer import StepBuffer
 from unstable.games import get_template, play_episode
-from unstable.inference import GenerationRequest, InferenceServer, SamplingConfig
+from unstable.inference import InferenceConfig, InferenceServer, SamplingConfig
 from unstable.inference.transformers_backend import TransformersBackend
-from unstable.learner import StandardLearner
+from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
 from unstable.pool import ModelPool
-from unstable.records import Checkpoint, EnvSpec
+from unstable.records import Checkpoint, EnvSpec, GenerationRequest
 from unstable.rewards import WinDrawLossFormatter
-from unstable.tracking import Tracker
+from unstable.runtime.loop import LearnerLoop
+from unstable.tracking import Tracker, keys
 
 TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
 PROMPT = get_template("qwen3-zs").render("Current Board: 0 | 1 | 2. Available Moves: '[0]', '[1]'")
@@ -26,7 +27,8 @@ PROMPT = get_template("qwen3-zs").render("Current Board: 0 | 1 | 2. Available Mo
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
     srv = InferenceServer(
-        lambda: TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=12)), batch_wait_ms=20, max_loras=2
+        lambda: TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=12)),
+        InferenceConfig(batch_wait_ms=20, max_loras=2),
     )
     srv.start()
     yield srv
@@ -71,6 +73,15 @@ def test_policy_agent_plays_a_full_game_against_random(server):
     assert all(len(s.behaviour_logprobs) == len(s.completion_token_ids) for s in model_steps)
 
 
+def _loop(model_dir, buffer, pool, run_dir, algorithm, **learner_settings):
+    """A learner loop over plain components; the tracker reads the buffer's and the pool's metrics."""
+    cfg = LearnerConfig(**learner_settings)
+    tracker = Tracker(run_dir)
+    tracker.add_source(buffer)
+    tracker.add_source(pool)
+    return LearnerLoop(Learner(PolicyModel(model_dir, cfg), algorithm, cfg), buffer, pool, tracker, str(run_dir))
+
+
 def _greedy(server_backend, checkpoint):
     return server_backend.generate([GenerationRequest(PROMPT, checkpoint)])[0].completion_token_ids
 
@@ -78,7 +89,7 @@ def _greedy(server_backend, checkpoint):
 def test_learner_update_changes_the_adapter_and_the_engine_hot_swaps_it(tiny_model_dir, tmp_path):
     # collect a few real games into a buffer
     gen = TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=8))
-    server = InferenceServer(lambda: gen, batch_wait_ms=1, max_loras=2)
+    server = InferenceServer(lambda: gen, InferenceConfig(batch_wait_ms=1, max_loras=2))
     server.start()
     pool = ModelPool()
     base = pool.add_checkpoint(None, -1)
@@ -89,20 +100,13 @@ def test_learner_update_changes_the_adapter_and_the_engine_hot_swaps_it(tiny_mod
         buffer.add_game(play_episode(TICTACTOE, agents, seed, learner_player_ids=(0,)))
     assert buffer.size() >= 6
 
-    learner = StandardLearner(
-        tiny_model_dir,
-        buffer,
-        pool,
-        Tracker(tmp_path),
-        Reinforce(max_generation_len=8),
-        run_dir=str(tmp_path),
-        batch_size=6,
-        micro_batch_tokens=256,
-        learning_rate=0.05,
-        lora_cfg={"lora_rank": 4},
-    )
-    rows = learner.train(1)
-    assert rows[0]["learner/step"] == 1 and math.isfinite(rows[0]["learner/pg_loss"])
+    loop = _loop(
+        tiny_model_dir, buffer, pool, tmp_path, Reinforce(max_generation_len=8),
+        batch_size=6, micro_batch_tokens=256, learning_rate=0.05, lora=LoraConfig(lora_rank=4),
+    )  # fmt: skip
+    rows = loop.train(1)
+    assert rows[0][keys.STEP] == 1 and math.isfinite(rows[0][keys.PG_LOSS])
+    assert rows[0][keys.BUFFER_SIZE] == buffer.size() and rows[0][keys.POOL_CHECKPOINTS] == 2  # sources in the row
     new = pool.latest()
     assert new.uid == "ckpt-1" and (tmp_path / "checkpoints" / "ckpt-1" / "adapter_model.safetensors").exists()
 
@@ -133,7 +137,7 @@ def test_server_evicts_least_recently_used_adapter(tiny_model_dir, tmp_path):
         model.save_pretrained(tmp_path / f"a{i}")
         paths.append(Checkpoint(f"a{i}", str(tmp_path / f"a{i}")))
     backend = TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=2))
-    server = InferenceServer(lambda: backend, batch_wait_ms=0, max_loras=2)
+    server = InferenceServer(lambda: backend, InferenceConfig(batch_wait_ms=0, max_loras=2))
     server.start()
     for ckpt in paths:
         server.generate(GenerationRequest(PROMPT, ckpt))
@@ -150,25 +154,15 @@ def test_full_finetuning_checkpoint_replaces_served_weights(tiny_model_dir, tmp_
     pool = ModelPool()
     base = pool.add_checkpoint(None, -1)
     backend = TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=6, temperature=0.0))
-    server = InferenceServer(lambda: backend, batch_wait_ms=0)
+    server = InferenceServer(lambda: backend, InferenceConfig(batch_wait_ms=0))
     server.start()
     buffer = StepBuffer(32, final_reward_transformation=WinDrawLossFormatter())
     for seed in range(3):
         agents = {0: PolicyAgent(server, base, get_template("qwen3-zs")), 1: RandomAgent(seed)}
         buffer.add_game(play_episode(TICTACTOE, agents, seed, learner_player_ids=(0,)))
-    learner = StandardLearner(
-        tiny_model_dir,
-        buffer,
-        pool,
-        Tracker(tmp_path),
-        Reinforce(),
-        run_dir=str(tmp_path),
-        batch_size=3,
-        learning_rate=0.05,
-        full_finetune=True,
-    )
+    loop = _loop(tiny_model_dir, buffer, pool, tmp_path, Reinforce(), batch_size=3, learning_rate=0.05, lora=None)
     before = server.generate(GenerationRequest(PROMPT, base))
-    learner.train(1)
+    loop.train(1)
     new = pool.latest()
     assert new.kind == "full" and (tmp_path / "checkpoints" / "ckpt-1" / "model.safetensors").exists()
     after = server.generate(GenerationRequest(PROMPT, new))
@@ -188,7 +182,8 @@ def test_batch_naming_more_adapters_than_max_loras_is_split(tiny_model_dir, tmp_
         model.save_pretrained(tmp_path / f"b{i}")
         checkpoints.append(Checkpoint(f"b{i}", str(tmp_path / f"b{i}")))
     server = InferenceServer(
-        lambda: TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=2)), batch_wait_ms=300, max_loras=2
+        lambda: TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=2)),
+        InferenceConfig(batch_wait_ms=300, max_loras=2),
     )
     server.start()
     futures = [server.submit(GenerationRequest(PROMPT, c)) for c in [*checkpoints, None]]

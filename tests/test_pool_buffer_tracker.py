@@ -7,8 +7,9 @@ import pytest
 import unstable.reward_transformations as retra
 from unstable.buffer import StepBuffer
 from unstable.pool import ModelPool, RatingSystem
+from unstable.pool.config import PoolConfig
 from unstable.records import GameRecord, Step
-from unstable.tracking import Tracker, summarize_game
+from unstable.tracking import Tracker, keys, summarize_game, wilson_interval
 
 
 def _step(pid, turn, tokens=(5, 6)):
@@ -57,7 +58,7 @@ def test_unknown_rating_backend():
 
 
 def test_pool_mirror_fixed_and_ratings():
-    pool = ModelPool(sample_mode="mirror")
+    pool = ModelPool(PoolConfig(sample_mode="mirror"))
     with pytest.raises(RuntimeError, match="add_checkpoint"):
         pool.latest()
     base = pool.add_checkpoint(path=None, iteration=-1)
@@ -68,13 +69,25 @@ def test_pool_mirror_fixed_and_ratings():
     assert pool.latest() == new and new.version == 0
     assert pool.ratings.get(new.uid).mu == pytest.approx(pool.ratings.get(base.uid).mu)
 
-    fixed = ModelPool(sample_mode="fixed", fixed_opponents=["random"])
+    fixed = ModelPool(PoolConfig(sample_mode="fixed", fixed_opponents=["random"]))
     fixed.add_checkpoint(None, -1)
     assert fixed.sample_opponent().fixed == "random"
     with pytest.raises(ValueError, match="fixed_opponents"):
-        ModelPool(sample_mode="fixed")
-    with pytest.raises(ValueError, match="mirror"):
-        ModelPool(sample_mode="best")
+        PoolConfig(sample_mode="fixed")
+    with pytest.raises(ValueError, match=r"unknown sample_mode 'best'; valid: \['fixed', 'lagged', 'mirror'"):
+        PoolConfig(sample_mode="best")
+
+
+def test_pool_metrics_hold_the_rating_ladder():
+    pool = ModelPool()
+    pool.add_checkpoint(path=None, iteration=-1)
+    pool.record_game(_game({0: 1, 1: -1}, players={0: "ckpt--1", 1: "random"}))
+    metrics = pool.metrics()
+    assert metrics[keys.POOL_GAMES_RATED] == 1 and metrics[keys.POOL_CHECKPOINTS] == 1
+    ladder = metrics[keys.POOL_LADDER]
+    assert [entry["agent"] for entry in ladder] == ["ckpt--1", "random"]  # the winner ranks first
+    assert ladder[0]["conservative"] == pytest.approx(ladder[0]["mu"] - 3 * ladder[0]["sigma"])
+    assert metrics[keys.POOL_LATEST_MU] == ladder[0]["mu"]
 
 
 def test_failed_game_changes_no_rating():
@@ -110,7 +123,7 @@ def test_buffer_keeps_only_learner_steps_with_tokens_and_skips_failed_and_eval()
     assert buffer.add_game(_game({}, error="crash")) == 0
     assert buffer.add_game(_game({0: 1, 1: -1}, is_eval=True)) == 0
     buffer.add_game(_game({0: 0, 1: 0}))  # 4 more steps into a buffer of 3: oldest dropped
-    assert buffer.size() == 3 and buffer.counters["steps_dropped"] == 3
+    assert buffer.size() == 3 and buffer.metrics()[keys.BUFFER_STEPS_DROPPED] == 3
     with pytest.raises(ValueError, match="holds 3"):
         buffer.get_batch(5)
 
@@ -126,9 +139,20 @@ def test_tracker_writes_jsonl_rows_with_window_aggregates(tmp_path):
     tracker = Tracker(tmp_path)
     tracker.add_game(summarize_game(_game({0: 1, 1: -1}, learner_ids=(0,), wall_seconds=0.1)))
     tracker.add_game(summarize_game(_game({0: -1, 1: 1}, learner_ids=(0,), is_eval=True)))
+    tracker.add_source(_Gauge())
     row = tracker.log({"learner/step": 1})
+    assert row["gauge/value"] == 7  # sources are read into every row
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1]) == row
     assert row["collector/train_games"] == 1 and row["eval/games"] == 1 and row["eval/loss_rate"] == 1.0
     assert row["collector/format_ok_rate"] == 1.0
+    assert (row["eval/win_rate"], row["eval/win_low"], row["eval/win_high"]) == (0.0, 0.0, wilson_interval(0, 1)[1])
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert json.loads(lines[0])["learner/step"] == 1
-    assert tracker.log()["collector/train_games"] == 0  # the window was reset
+    empty = tracker.log()  # the window was reset
+    assert empty["collector/train_games"] == empty["eval/games"] == 0
+    assert (empty["eval/win_rate"], empty["eval/win_low"], empty["eval/win_high"]) == (0.0, 0.0, 1.0)
+
+
+class _Gauge:
+    def metrics(self):
+        return {"gauge/value": 7}

@@ -6,7 +6,7 @@ import pytest
 
 import unstable.reward_transformations as retra
 from unstable.buffer import StepBuffer
-from unstable.config.schema import TransformConfig
+from unstable.buffer.config import TransformConfig
 from unstable.records import GameRecord, Step
 
 

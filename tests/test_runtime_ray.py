@@ -4,6 +4,7 @@ import json
 
 from unstable.config import load_config
 from unstable.runtime import new_run_dir, train
+from unstable.tracking import keys
 
 from .test_config import EXAMPLE
 
@@ -33,6 +34,11 @@ def test_two_learner_steps_through_ray(tiny_model_dir, tmp_path):
     assert (run_dir / "config.yaml").exists()
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["final"] is True and "eval_end" in lines[-1]
+    # every metric reaches the file: inference throughput, buffer, pool ratings, the algorithm's loss
+    assert lines[1:3] == rows[1:]
+    step = lines[2]
+    assert step[keys.INFERENCE_TOKENS_PER_S] > 0 and step[keys.BUFFER_SIZE] >= 0 and keys.LOSS in step
+    assert step[keys.POOL_CHECKPOINTS] == 3 and {e["agent"] for e in step[keys.POOL_LADDER]} >= {"ckpt--1"}
 
 
 def test_a_new_run_never_writes_into_an_earlier_runs_directory(tmp_path):

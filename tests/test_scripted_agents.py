@@ -1,4 +1,5 @@
-"""Scripted agents played through the real TextArena envs: legality, optimality, seeded determinism."""
+"""Scripted agents played through the real TextArena envs: legality, optimality, seeded determinism; opponents
+parsed from names and built into agents."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import copy
 import pytest
 import textarena as ta
 
+from unstable.agents.policy import PolicyAgent
 from unstable.agents.scripted import (
     SCRIPTED_AGENTS,
     KuhnPokerNashAgent,
@@ -15,9 +17,12 @@ from unstable.agents.scripted import (
     TicTacToeMinimaxAgent,
     kuhn_infoset,
     make_scripted_agent,
-    parse_legal_moves,
 )
-from unstable.evaluation.stats import wilson_interval
+from unstable.agents.seating import make_agent, parse_opponent
+from unstable.games.moves import legal_moves
+from unstable.games.templates import get_template
+from unstable.records import Checkpoint, Opponent
+from unstable.tracking.stats import wilson_interval
 
 
 def play(env_id: str, agents: dict, seed: int):
@@ -41,24 +46,24 @@ def first_observation(env_id: str, moves: list[str]) -> str:
 
 
 @pytest.mark.parametrize("env_id", ["TicTacToe-v0-train", "TicTacToe-v0"])
-def test_parse_legal_moves_tictactoe_reads_the_current_board(env_id):
+def test_legal_moves_tictactoe_reads_the_current_board(env_id):
     observation = first_observation(env_id, ["[4]", "[0]"])
-    assert parse_legal_moves(observation) == ["[1]", "[2]", "[3]", "[5]", "[6]", "[7]", "[8]"]
+    assert legal_moves(observation) == ["[1]", "[2]", "[3]", "[5]", "[6]", "[7]", "[8]"]
 
 
 @pytest.mark.parametrize("env_id", ["KuhnPoker-v0-train", "KuhnPoker-v0"])
-def test_parse_legal_moves_kuhn_ignores_rules_and_past_moves(env_id):
-    assert parse_legal_moves(first_observation(env_id, [])) == ["[check]", "[bet]"]
-    assert parse_legal_moves(first_observation(env_id, ["[check]", "[bet]"])) == ["[fold]", "[call]"]
+def test_legal_moves_kuhn_ignores_rules_and_past_moves(env_id):
+    assert legal_moves(first_observation(env_id, [])) == ["[check]", "[bet]"]
+    assert legal_moves(first_observation(env_id, ["[check]", "[bet]"])) == ["[fold]", "[call]"]
 
 
-def test_parse_legal_moves_nim_enumerates_the_last_piles():
+def test_legal_moves_nim_enumerates_the_last_piles():
     observation = first_observation("Nim-v0", ["[0 3]", "[1 2]"])  # piles now 0, 2, 5
-    assert parse_legal_moves(observation) == ["[1 1]", "[1 2]"] + [f"[2 {k}]" for k in range(1, 6)]
+    assert legal_moves(observation) == ["[1 1]", "[1 2]"] + [f"[2 {k}]" for k in range(1, 6)]
 
 
-def test_parse_legal_moves_empty_and_random_fallback():
-    assert parse_legal_moves("Say something nice.") == []
+def test_legal_moves_empty_and_random_fallback():
+    assert legal_moves("Say something nice.") == []
     decision = RandomAgent(seed=0).act("Say something nice.")
     assert decision.action == RandomAgent.FALLBACK_ACTION and not decision.format_ok
 
@@ -117,7 +122,7 @@ def test_minimax_is_seeded():
     assert len(set(openings)) > 1  # every opening draws, so the seed picks among all nine
 
 
-@pytest.mark.parametrize("env_id", ["TicTacToe-v0-train", "KuhnPoker-v0-train", "Nim-v0-train"])
+@pytest.mark.parametrize("env_id", ["TicTacToe-v0-train", "KuhnPoker-v0-train", "Nim-v0-train", "ConnectFour-v0-train"])
 def test_random_agents_never_make_invalid_moves(env_id):
     for seed in range(40):
         rewards, info = play(env_id, {0: RandomAgent(seed), 1: RandomAgent(seed + 1000)}, seed)
@@ -187,3 +192,29 @@ def test_make_scripted_agent_names_and_errors():
     assert all(name in str(error.value) for name in ["random", "tictactoe-minimax", "kuhn-nash", "nim-optimal"])
     with pytest.raises(ValueError, match="bad parameter"):
         make_scripted_agent("random:temperature=2", seed=0)
+
+
+def test_parse_opponent_scripted_names_and_errors():
+    assert parse_opponent("kuhn-nash:alpha=0.2") == Opponent("kuhn-nash:alpha=0.2", fixed="kuhn-nash:alpha=0.2")
+    with pytest.raises(ValueError, match="neither a scripted agent .*random.* nor a directory"):
+        parse_opponent("alphago")
+    with pytest.raises(ValueError, match="bad parameter"):
+        parse_opponent("random:temperature=2")
+
+
+def test_parse_opponent_directory_is_a_checkpoint_with_a_peft_safe_uid(tmp_path):
+    adapter = tmp_path / "ckpt.v1"
+    adapter.mkdir()
+    opponent = parse_opponent(str(adapter))
+    assert opponent.fixed is None and opponent.checkpoint == Checkpoint(uid=opponent.agent_id, path=str(adapter))
+    assert opponent.agent_id.startswith("opponent-") and all(c.isalnum() or c in "_-" for c in opponent.agent_id)
+
+
+def test_make_agent_builds_scripted_agents_by_seed_and_policy_agents_for_checkpoints():
+    empty = first_observation("TicTacToe-v0-train", [])
+    scripted = [make_agent(parse_opponent("random"), None, None, None, seed=s).act(empty).action for s in range(10)]
+    assert scripted == [RandomAgent(seed).act(empty).action for seed in range(10)]
+    template, checkpoint = get_template("qwen3-zs"), Checkpoint("opponent-x", path="x")
+    agent = make_agent(Opponent("opponent-x", checkpoint=checkpoint), "client", template, "tokenizer", seed=0)
+    assert isinstance(agent, PolicyAgent) and agent.checkpoint == checkpoint and agent.client == "client"
+    assert agent.template is template and agent.tokenizer == "tokenizer" and agent.name == "opponent-x"

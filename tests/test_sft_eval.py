@@ -12,24 +12,19 @@ import torch
 
 from unstable.algorithms import ALGORITHMS, SFT
 from unstable.cli.main import main
-from unstable.evaluation.evaluate import (
-    completion_logprobs,
-    evaluate,
-    kuhn_exploitability,
-    scoring_learner,
-    summarize_matches,
-)
-from unstable.evaluation.kuhn import FIRST_PLAYER_INFOSETS, INFOSETS, SECOND_PLAYER_INFOSETS, best_response_value
-from unstable.inference import SamplingConfig
-from unstable.learner.learner import DEFAULT_LORA, StandardLearner
-from unstable.learner.sft import generate_sft_steps, supervised_step
+from unstable.collector.demonstrations import generate_sft_steps, supervised_step
+from unstable.evaluation.evaluate import evaluate, kuhn_exploitability, scoring_policy, summarize_matches
+from unstable.games.kuhn import FIRST_PLAYER_INFOSETS, INFOSETS, SECOND_PLAYER_INFOSETS, best_response_value
+from unstable.inference import InferenceConfig
+from unstable.learner import LearnerConfig, LoraConfig
+from unstable.learner.sft import sft_learner
 from unstable.records import EnvSpec, GameRecord, Step
 
 TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
 KUHN = EnvSpec("KuhnPoker-v0-train", 2, "qwen3-zs")
 # the tiny model's random output layer cannot give sharp logits unless the adapter covers it
-LORA_TARGETS = [*DEFAULT_LORA["target_modules"], "lm_head"]
-SAMPLING = SamplingConfig(max_new_tokens=8, temperature=1.0)
+LORA_TARGETS = [*LoraConfig().target_modules, "lm_head"]
+INFERENCE = InferenceConfig(max_new_tokens=8, temperature=1.0, num_threads=None)
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +47,10 @@ def test_sft_is_a_registered_algorithm_computing_masked_mean_nll(tiny_model_dir)
 
     assert ALGORITHMS["sft"] is SFT
     steps = [step((5, 6, 7), (8, 2)), step((5, 9), (10, 11, 2))]
-    learner = StandardLearner(tiny_model_dir, None, None, None, SFT(), full_finetune=True, learning_rate=1e-3)
+    learner = sft_learner(tiny_model_dir, LearnerConfig(lora=None, learning_rate=1e-3))
     learner.initialize()
-    sums = completion_logprobs(learner, steps)
+    sums = learner.policy.completion_logprobs(steps)
+    assert learner.policy.completion_logprobs([steps[1], steps[0], steps[1]]) == [sums[1], sums[0], sums[1]]
     loss = learner.train_step(steps)["learner/loss"]
     assert loss == pytest.approx(-sum(sums) / 5, rel=1e-4)  # 5 completion tokens in the batch
 
@@ -75,7 +71,7 @@ def test_generated_steps_are_rendered_prompts_with_format_action_and_eos(tiny_mo
 def test_sft_teaches_a_fresh_tiny_model_the_answer_format(tiny_model_dir, sft_adapter):
     def format_rate(adapter):
         report = evaluate(
-            tiny_model_dir, TICTACTOE, ["random"], adapter=adapter, games_per_opponent=40, sampling=SAMPLING
+            tiny_model_dir, TICTACTOE, ["random"], adapter=adapter, games_per_opponent=40, inference=INFERENCE
         )
         return report["opponents"]["random"]["format_ok_rate"], report["opponents"]["random"]["moves"]
 
@@ -135,16 +131,16 @@ def test_kuhn_exploitability_of_a_model_policy(tiny_model_dir):
     assert 0 <= result["exploitability"] <= _max_exploitability()
 
     # cross-check one information set against a plain forward pass of the same tokens
-    from unstable.evaluation.kuhn import kuhn_information_sets
+    from unstable.games.kuhn import kuhn_information_sets
 
     info = next(kuhn_information_sets(KUHN.env_id))
-    learner = scoring_learner(tiny_model_dir)
+    policy = scoring_policy(tiny_model_dir)
     scores = {}
     for action in info.legal_actions:
-        step = supervised_step(Step(KUHN.env_id, 0, 0, info.observation, action), KUHN, learner.tokenizer)
+        step = supervised_step(Step(KUHN.env_id, 0, 0, info.observation, action), KUHN, policy.tokenizer)
         ids = torch.tensor([step.prompt_token_ids + step.completion_token_ids])
         with torch.no_grad():
-            logp = torch.log_softmax(learner.model(ids).logits[0, :-1], -1)
+            logp = torch.log_softmax(policy.model(ids).logits[0, :-1], -1)
         first = len(step.prompt_token_ids) - 1
         scores[action] = sum(logp[first + j, t].item() for j, t in enumerate(step.completion_token_ids))
     p_aggressive = 1 / (1 + math.exp(scores["[check]"] - scores["[bet]"]))

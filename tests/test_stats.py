@@ -1,10 +1,12 @@
-"""Wilson intervals and win/draw/loss tallies."""
+"""Wilson intervals, win/draw/loss tallies and their JSON-ready summary."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from unstable.evaluation.stats import WDL, wilson_interval
+from unstable.tracking.stats import WDL, wdl_summary, wilson_interval
 
 
 def test_wilson_hand_computed_case():
@@ -33,3 +35,24 @@ def test_wdl_rates_and_intervals():
     assert WDL().win_rate == 0.0 and WDL().win_interval() == (0.0, 1.0)
     with pytest.raises(ValueError):
         WDL.from_outcomes(["victory"])
+
+
+def test_wdl_summary_is_json_ready():
+    summary = wdl_summary(iter(["win"] * 8 + ["draw"] + ["loss"]))
+    assert summary == {
+        "games": 10,
+        "wins": 8,
+        "draws": 1,
+        "losses": 1,
+        "win_rate": 0.8,
+        "draw_rate": 0.1,
+        "loss_rate": 0.1,
+        "win_ci": list(wilson_interval(8, 10)),
+        "draw_ci": list(wilson_interval(1, 10)),
+        "loss_ci": list(wilson_interval(1, 10)),
+    }
+    assert json.loads(json.dumps(summary)) == summary
+    empty = wdl_summary([])
+    assert empty["games"] == 0 and empty["win_rate"] == 0.0 and empty["win_ci"] == [0.0, 1.0]
+    with pytest.raises(ValueError, match="unknown outcomes"):
+        wdl_summary(["win", None])

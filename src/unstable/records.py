@@ -39,6 +39,38 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
+class Opponent:
+    """Who fills a seat: a policy checkpoint served by the inference engine, or a scripted/fixed agent."""
+
+    agent_id: str
+    checkpoint: Checkpoint | None = None
+    fixed: str | None = None
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt to complete with the policy named by `checkpoint` (None: the base model)."""
+
+    prompt: str
+    checkpoint: Checkpoint | None = None
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """A completion with the exact tokens and the log-probability of each under the sampling distribution.
+
+    `logprobs[i] = log softmax(logits / temperature)[completion_token_ids[i]]` (temperature 1 when greedy),
+    the behaviour policy the learner corrects against.
+    """
+
+    text: str
+    prompt_token_ids: tuple[int, ...]
+    completion_token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str = "stop"
+
+
+@dataclass(frozen=True)
 class Decision:
     """What an agent returns for one observation: the action to submit plus, for model agents, the tokens."""
 

@@ -8,8 +8,7 @@ from typing import Any, Protocol
 from unstable.agents.base import Agent
 from unstable.games.actions import extract_action
 from unstable.games.templates import PromptTemplate
-from unstable.inference.base import GenerationRequest, GenerationResult
-from unstable.records import Checkpoint, Decision
+from unstable.records import Checkpoint, Decision, GenerationRequest, GenerationResult
 
 
 class GenerationClient(Protocol):

@@ -16,35 +16,14 @@ import re
 from fractions import Fraction
 
 from unstable.agents.base import Agent
-from unstable.evaluation.kuhn import INFOSETS, nash_strategy
+from unstable.games.kuhn import INFOSETS, nash_strategy
+from unstable.games.moves import legal_moves, nim_piles
 from unstable.records import Decision
 
-_OFFERED_MOVES = re.compile(r"(?:available|valid|legal) (?:moves|actions)[^:\n]*:([^\n]*)", re.IGNORECASE)
-_BRACKETED = re.compile(r"\[[^\[\]\n]+\]")
-_NIM_PILE = re.compile(r"^\s*pile \d+: (\d+)\s*$", re.MULTILINE)
 _BOARD_ROW = re.compile(r"^\s*(\S)\s*\|\s*(\S)\s*\|\s*(\S)\s*$", re.MULTILINE)
 _KUHN_CARD = re.compile(r"Your card is: '([JQK])'")
 _KUHN_MOVE = re.compile(r"Player \d, submitted move: '\[(check|bet|call|fold)\]'")
 _WIN_LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
-
-
-def _nim_piles(observation: str) -> list[int]:
-    """Pile sizes from the last 'Current Pile:' block ([] when there is none)."""
-    if "Current Pile:" not in observation:
-        return []
-    return [int(size) for size in _NIM_PILE.findall(observation.rsplit("Current Pile:", 1)[1])]
-
-
-def parse_legal_moves(observation: str) -> list[str]:
-    """The bracketed moves the env currently offers, in the order shown; [] if none are found.
-
-    Reads the last line like "Available Moves: '[0]', '[1]'" or "Your available actions are: '[check]', '[bet]'".
-    Nim lists no moves, so for it every '[pile quantity]' allowed by the last 'Current Pile:' block is returned.
-    """
-    offered = _OFFERED_MOVES.findall(observation)
-    if offered:
-        return _BRACKETED.findall(offered[-1])
-    return [f"[{pile} {take}]" for pile, size in enumerate(_nim_piles(observation)) for take in range(1, size + 1)]
 
 
 class RandomAgent(Agent):
@@ -59,7 +38,7 @@ class RandomAgent(Agent):
 
     def act(self, observation: str) -> Decision:
         """Pick one of the parsed legal moves at random."""
-        legal = parse_legal_moves(observation)
+        legal = legal_moves(observation)
         if not legal:
             return Decision(action=self.FALLBACK_ACTION, format_ok=False)
         return Decision(action=self._rng.choice(legal))
@@ -119,7 +98,7 @@ class TicTacToeMinimaxAgent(Agent):
 
 
 def kuhn_infoset(observation: str) -> str:
-    """The acting player's information set in the current round, as an `unstable.evaluation.kuhn` key: the
+    """The acting player's information set in the current round, as an `unstable.games.kuhn` key: the
     card from the last "Your card is" line plus c/b for each check/bet submitted since the last round start."""
     cards = _KUHN_CARD.findall(observation)
     if not cards:
@@ -161,12 +140,12 @@ class NimOptimalAgent(Agent):
 
     def act(self, observation: str) -> Decision:
         """Take the winning amount from a pile, or anything when the position is lost."""
-        piles = _nim_piles(observation)
+        piles = nim_piles(observation)
         if not any(piles):
             raise ValueError("no non-empty 'Current Pile:' block in the observation; is this Nim?")
         nim_sum = functools.reduce(operator.xor, piles)
         winning = [f"[{pile} {size - (size ^ nim_sum)}]" for pile, size in enumerate(piles) if size ^ nim_sum < size]
-        return Decision(action=self._rng.choice(winning or parse_legal_moves(observation)))
+        return Decision(action=self._rng.choice(winning or legal_moves(observation)))
 
 
 SCRIPTED_AGENTS: dict[str, type[Agent]] = {

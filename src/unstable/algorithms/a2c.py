@@ -15,13 +15,16 @@ step per batch; the head's parameters join the learner's optimizer (at `value_lr
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from unstable.algorithms.base import BaseAlgo, normalized_sum
-from unstable.algorithms.value import attach_value_head, decision_encodings
-from unstable.learner.batching import TokenBatch
+from unstable.algorithms.value import attach_value_head
+from unstable.batching import TokenBatch
 from unstable.records import Step
+from unstable.tracking import keys
+from unstable.trainable import TrainablePolicy
 
 
 class A2C(BaseAlgo):
@@ -40,27 +43,26 @@ class A2C(BaseAlgo):
         self.max_generation_len = max_generation_len
         self.value_head = None
 
-    def initialize(self, learner) -> None:
-        """Create the value head and hand its parameters to the learner's optimizer."""
-        self.value_head = attach_value_head(learner, self.value_hidden_sizes, self.value_lr)
+    def initialize(self, policy: TrainablePolicy) -> None:
+        """Create the value head and hand its parameters to the policy's optimizer."""
+        self.value_head = attach_value_head(policy, self.value_hidden_sizes, self.value_lr)
 
-    def update(self, steps: list[Step], learner) -> dict[str, float]:
+    def update(self, steps: list[Step], policy: TrainablePolicy) -> dict[str, float]:
         """One gradient step over the whole batch."""
         n = len(steps)
-        totals = {"pg_loss": 0.0, "value_loss": 0.0, "value_mean": 0.0}
-        for batch in self.prepare_batch(steps, learner):
-            outputs = learner.forward(batch, output_hidden_states=True)
-            logp = learner.token_logprobs(batch, outputs)  # (b, L-1)
-            values = self.value_head(decision_encodings(outputs, batch))  # (b,)
-            learner.track_ratios(logp, batch)
-            pg_loss, value_loss = self.loss(logp, values, batch, n)
+        totals = {keys.LOSS: 0.0, keys.PG_LOSS: 0.0, keys.VALUE_LOSS: 0.0, keys.VALUE_MEAN: 0.0}
+        for batch in self.prepare_batch(steps, policy):
+            out = policy.forward(batch, encodings=True)
+            values = self.value_head(out.encodings)  # (b,)
+            policy.track_ratios(out.logprobs, batch)
+            pg_loss, value_loss = self.loss(out.logprobs, values, batch, n)
             loss = pg_loss + self.value_coef * value_loss
             loss.backward()
-            totals["pg_loss"] += pg_loss.item()
-            totals["value_loss"] += value_loss.item()
-            totals["value_mean"] += values.detach().sum().item() / n
-        grad_norm = learner.optimizer_step()
-        return {f"learner/{k}": v for k, v in totals.items()} | {"learner/grad_norm": grad_norm}
+            totals[keys.LOSS] += loss.item()
+            totals[keys.PG_LOSS] += pg_loss.item()
+            totals[keys.VALUE_LOSS] += value_loss.item()
+            totals[keys.VALUE_MEAN] += values.detach().sum().item() / n
+        return totals | {keys.GRAD_NORM: policy.optimizer_step()}
 
     def loss(
         self, logp: torch.Tensor, values: torch.Tensor, batch: TokenBatch, n: int
@@ -71,3 +73,11 @@ class A2C(BaseAlgo):
         pg_loss = -(advantages * seq_logp).sum() / n
         value_loss = ((values - batch.rewards) ** 2).sum() / n
         return pg_loss, value_loss
+
+    def state_dict(self) -> dict[str, Any]:
+        """The value head's weights."""
+        return {"value_head": self.value_head.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the value head."""
+        self.value_head.load_state_dict(state["value_head"])

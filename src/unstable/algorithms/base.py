@@ -1,40 +1,48 @@
-"""The algorithm interface: the learner owns the plumbing, an algorithm owns the math and its schedule.
+"""The algorithm interface: an algorithm owns the math and its update schedule, nothing else.
 
-An algorithm gets the batch of steps and the learner; it asks the learner for micro-batches and token
-log-probs, calls `backward` on its own losses and decides when to call `learner.optimizer_step()` (once per
-batch for REINFORCE, several epochs of minibatches for PPO). As in the seed, `prepare_batch` turns steps into
-tensors (by default the learner's token-budget micro-batches) and `update` computes the loss and steps.
+An algorithm gets a batch of steps and a `TrainablePolicy` (the learner, seen through that small interface):
+it asks for micro-batches and log-probs, calls `backward` on its own losses and decides when to call
+`optimizer_step()` (once per batch for REINFORCE, several epochs of minibatches for PPO). As in the seed,
+`prepare_batch` turns steps into tensors and `update` computes the loss and steps. Algorithms never import
+the learner.
 """
 
 from __future__ import annotations
 
+import random
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
+from unstable.batching import TokenBatch
 from unstable.records import Step
-
-if TYPE_CHECKING:
-    from unstable.learner.batching import TokenBatch
-    from unstable.learner.learner import StandardLearner
+from unstable.trainable import TrainablePolicy
 
 
 class BaseAlgo(ABC):
-    """Base class for learning algorithms plugged into `StandardLearner`."""
+    """Base class for learning algorithms; every `update` reports `learner/loss` and its named terms."""
 
-    def initialize(self, learner: StandardLearner) -> None:
+    def initialize(self, policy: TrainablePolicy) -> None:
         """Called once after the model and optimizer exist (e.g. to add a value head's parameters)."""
         return None
 
-    def prepare_batch(self, steps: list[Step], learner: StandardLearner) -> Iterator[TokenBatch]:
-        """Steps to collated micro-batches on the learner's device (override to change the packing)."""
-        return learner.micro_batches(steps)
+    def prepare_batch(self, steps: list[Step], policy: TrainablePolicy) -> list[TokenBatch]:
+        """Steps to collated micro-batches on the policy's device (override to change the packing)."""
+        return policy.micro_batches(steps)
 
     @abstractmethod
-    def update(self, steps: list[Step], learner: StandardLearner) -> dict[str, float]:
-        """Train on one batch of steps; return metrics named `learner/<name>`."""
+    def update(self, steps: list[Step], policy: TrainablePolicy) -> dict[str, float]:
+        """Train on one batch of steps; return metrics named by `unstable.tracking.keys`."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the algorithm learned or counted beyond the model (value heads, multipliers, RNG); none here."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`'s output (after `initialize`)."""
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no state, got keys {sorted(state)}")
 
 
 def normalized_sum(token_values: torch.Tensor, completion_mask: torch.Tensor, max_generation_len: int | None):
@@ -47,3 +55,9 @@ def normalized_sum(token_values: torch.Tensor, completion_mask: torch.Tensor, ma
     if max_generation_len is not None:
         return total / max_generation_len
     return total / completion_mask.sum(-1).clamp(min=1.0)
+
+
+def restore_rng(rng: random.Random, state) -> None:
+    """Set `rng` to a saved `getstate()`, also when the state came back from JSON as nested lists."""
+    version, internal, gauss = state
+    rng.setstate((version, tuple(internal), gauss))

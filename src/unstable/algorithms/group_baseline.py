@@ -19,6 +19,8 @@ from dataclasses import replace
 
 from unstable.algorithms.reinforce import Reinforce
 from unstable.records import Step
+from unstable.tracking import keys
+from unstable.trainable import TrainablePolicy
 
 
 class GroupBaseline(Reinforce):
@@ -29,11 +31,11 @@ class GroupBaseline(Reinforce):
         self.scale_by_std = scale_by_std
         self.eps = eps
 
-    def update(self, steps: list[Step], learner) -> dict[str, float]:
+    def update(self, steps: list[Step], policy: TrainablePolicy) -> dict[str, float]:
         """One gradient step over the whole batch on group-relative advantages."""
         advantages, grouped = group_advantages(steps, self.scale_by_std, self.eps)
-        metrics = super().update([replace(s, reward=a) for s, a in zip(steps, advantages)], learner)
-        return metrics | {"learner/grouped_fraction": grouped / len(steps)}
+        metrics = super().update([replace(s, reward=a) for s, a in zip(steps, advantages)], policy)
+        return metrics | {keys.GROUPED_FRACTION: grouped / len(steps)}
 
 
 def group_advantages(steps: list[Step], scale_by_std: bool = False, eps: float = 1e-6) -> tuple[list[float], int]:
@@ -43,13 +45,13 @@ def group_advantages(steps: list[Step], scale_by_std: bool = False, eps: float =
     step gets advantage 0.
     """
     sizes = Counter(s.group_id for s in steps if s.group_id is not None)
-    keys: list[Hashable] = [s.group_id if sizes[s.group_id] > 1 else (s.env_id, s.player_id) for s in steps]
+    group_keys: list[Hashable] = [s.group_id if sizes[s.group_id] > 1 else (s.env_id, s.player_id) for s in steps]
     rewards: dict[Hashable, list[float]] = defaultdict(list)
-    for key, step in zip(keys, steps):
+    for key, step in zip(group_keys, steps):
         rewards[key].append(step.reward)
     stats = {key: (statistics.fmean(r), statistics.pstdev(r)) for key, r in rewards.items()}
     advantages = []
-    for key, step in zip(keys, steps):
+    for key, step in zip(group_keys, steps):
         mean, std = stats[key]
         advantages.append((step.reward - mean) / (std + eps) if scale_by_std else step.reward - mean)
     grouped = sum(sizes[s.group_id] > 1 for s in steps if s.group_id is not None)

@@ -19,13 +19,16 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from dataclasses import replace
+from typing import Any
 
 import torch
 
-from unstable.algorithms.base import BaseAlgo, normalized_sum
-from unstable.learner.batching import TokenBatch
+from unstable.algorithms.base import BaseAlgo, normalized_sum, restore_rng
+from unstable.batching import TokenBatch
 from unstable.records import Step
 from unstable.rl import approx_kl, masked_mean, masked_whiten
+from unstable.tracking import keys
+from unstable.trainable import TrainablePolicy
 
 
 class PPO(BaseAlgo):
@@ -51,7 +54,7 @@ class PPO(BaseAlgo):
         self.max_generation_len = max_generation_len
         self.rng = random.Random(seed)
 
-    def update(self, steps: list[Step], learner) -> dict[str, float]:
+    def update(self, steps: list[Step], policy: TrainablePolicy) -> dict[str, float]:
         """`epochs` passes over shuffled minibatches, one optimizer step per minibatch."""
         if self.whiten_advantages:
             whitened = masked_whiten(torch.tensor([s.reward for s in steps]))  # (N,)
@@ -61,29 +64,33 @@ class PPO(BaseAlgo):
         for epoch in range(self.epochs):
             order = self.rng.sample(steps, len(steps))
             for start in range(0, len(order), size):
-                self._minibatch_step(order[start : start + size], learner, logs, first_epoch=epoch == 0)
-        return {f"learner/{k}": sum(v) / len(v) for k, v in logs.items()}
+                self._minibatch_step(order[start : start + size], policy, logs, first_epoch=epoch == 0)
+        return {k: sum(v) / len(v) for k, v in logs.items()}
 
-    def _minibatch_step(self, steps: list[Step], learner, logs: dict[str, list[float]], first_epoch: bool) -> None:
+    def _minibatch_step(
+        self, steps: list[Step], policy: TrainablePolicy, logs: dict[str, list[float]], first_epoch: bool
+    ) -> None:
         """Accumulate the loss over the minibatch's micro-batches, then take one optimizer step."""
-        for batch in self.prepare_batch(steps, learner):
-            outputs = learner.forward(batch)
-            logp = learner.token_logprobs(batch, outputs)  # (b, L-1)
+        for batch in self.prepare_batch(steps, policy):
+            out = policy.forward(batch, entropy=bool(self.entropy_coef))
+            logp = out.logprobs  # (b, L-1)
             if first_epoch:
-                learner.track_ratios(logp, batch)
+                policy.track_ratios(logp, batch)
             share = len(batch.steps) / len(steps)
             pg_loss, clip_fraction = self.policy_loss(logp, batch)
             kl = approx_kl(logp, batch.behaviour_logprobs, batch.completion_mask)
             kl_loss = self.kl_coef * kl
-            entropy_loss = -self.entropy_coef * self._entropy(outputs, batch, learner.temperature)
+            entropy = masked_mean(out.entropy, batch.completion_mask) if self.entropy_coef else torch.zeros(())
+            entropy_loss = -self.entropy_coef * entropy
             loss = pg_loss + kl_loss + entropy_loss
             (loss * share).backward()
-            logs["pg_loss"].append(pg_loss.item())
-            logs["kl_loss"].append(kl_loss.item())
-            logs["entropy_loss"].append(entropy_loss.item())
-            logs["clip_fraction"].append(clip_fraction)
-            logs["approx_kl"].append(kl.item())
-        logs["grad_norm"].append(learner.optimizer_step())
+            logs[keys.LOSS].append(loss.item())
+            logs[keys.PG_LOSS].append(pg_loss.item())
+            logs[keys.KL_LOSS].append(kl_loss.item())
+            logs[keys.ENTROPY_LOSS].append(entropy_loss.item())
+            logs[keys.CLIP_FRACTION].append(clip_fraction)
+            logs[keys.APPROX_KL].append(kl.item())
+        logs[keys.GRAD_NORM].append(policy.optimizer_step())
 
     def policy_loss(self, logp: torch.Tensor, batch: TokenBatch) -> tuple[torch.Tensor, float]:
         """The clipped pg_loss averaged over the batch's rows, and the fraction of tokens whose ratio was clipped."""
@@ -97,10 +104,10 @@ class PPO(BaseAlgo):
             clip_fraction = masked_mean(((ratio - 1).abs() > self.clip_eps).float(), mask).item()
         return pg_loss, clip_fraction
 
-    def _entropy(self, outputs, batch: TokenBatch, temperature: float) -> torch.Tensor:
-        """Mean entropy of the next-token distributions at completion positions (0 when entropy_coef is 0)."""
-        if not self.entropy_coef:
-            return torch.zeros((), device=batch.rewards.device)
-        logprobs = torch.log_softmax(outputs.logits[:, :-1].float() / temperature, dim=-1)  # (b, L-1, V)
-        entropy = -(logprobs.exp() * logprobs).sum(-1)  # (b, L-1)
-        return masked_mean(entropy, batch.completion_mask)
+    def state_dict(self) -> dict[str, Any]:
+        """The minibatch shuffling RNG's state."""
+        return {"rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the shuffling RNG."""
+        restore_rng(self.rng, state["rng"])

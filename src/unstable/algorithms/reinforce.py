@@ -12,8 +12,10 @@ from __future__ import annotations
 import torch
 
 from unstable.algorithms.base import BaseAlgo, normalized_sum
-from unstable.learner.batching import TokenBatch
+from unstable.batching import TokenBatch
 from unstable.records import Step
+from unstable.tracking import keys
+from unstable.trainable import TrainablePolicy
 
 
 class Reinforce(BaseAlgo):
@@ -22,18 +24,18 @@ class Reinforce(BaseAlgo):
     def __init__(self, max_generation_len: int | None = None):
         self.max_generation_len = max_generation_len
 
-    def update(self, steps: list[Step], learner) -> dict[str, float]:
+    def update(self, steps: list[Step], policy: TrainablePolicy) -> dict[str, float]:
         """One gradient step over the whole batch."""
         n = len(steps)
         pg_loss = 0.0
-        for batch in self.prepare_batch(steps, learner):
-            logp = learner.token_logprobs(batch)  # (b, L-1)
-            learner.track_ratios(logp, batch)
+        for batch in self.prepare_batch(steps, policy):
+            logp = policy.forward(batch).logprobs  # (b, L-1)
+            policy.track_ratios(logp, batch)
             loss = self.loss(logp, batch, n)
             loss.backward()
             pg_loss += loss.item()
-        grad_norm = learner.optimizer_step()
-        return {"learner/pg_loss": pg_loss, "learner/grad_norm": grad_norm}
+        grad_norm = policy.optimizer_step()
+        return {keys.LOSS: pg_loss, keys.PG_LOSS: pg_loss, keys.GRAD_NORM: grad_norm}
 
     def loss(self, logp: torch.Tensor, batch: TokenBatch, n: int) -> torch.Tensor:
         """This micro-batch's share of the pg_loss over `n` steps, with A_i = `batch.rewards`."""

@@ -10,20 +10,22 @@ from __future__ import annotations
 
 from unstable.algorithms.base import BaseAlgo
 from unstable.records import Step
+from unstable.tracking import keys
+from unstable.trainable import TrainablePolicy
 
 
 class SFT(BaseAlgo):
     """Masked mean negative log-likelihood over completion tokens."""
 
-    def update(self, steps: list[Step], learner) -> dict[str, float]:
+    def update(self, steps: list[Step], policy: TrainablePolicy) -> dict[str, float]:
         """One gradient step over the whole batch."""
-        batches = list(self.prepare_batch(steps, learner))
+        batches = self.prepare_batch(steps, policy)
         num_tokens = sum(float(batch.completion_mask.sum()) for batch in batches)
         total_loss = 0.0
         for batch in batches:
-            logp = learner.token_logprobs(batch)  # (b, L-1)
+            logp = policy.forward(batch).logprobs  # (b, L-1)
             loss = -(logp * batch.completion_mask).sum() / max(num_tokens, 1.0)
             loss.backward()
             total_loss += loss.item()
-        grad_norm = learner.optimizer_step()
-        return {"learner/loss": total_loss, "learner/grad_norm": grad_norm}
+        grad_norm = policy.optimizer_step()
+        return {keys.LOSS: total_loss, keys.GRAD_NORM: grad_norm}

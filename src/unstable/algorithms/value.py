@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from unstable.learner.batching import TokenBatch, decision_positions
+from unstable.trainable import TrainablePolicy
 
 
 class ValueHead(torch.nn.Module):
@@ -28,15 +28,8 @@ class ValueHead(torch.nn.Module):
         return self.net(encodings).squeeze(-1)  # (B,)
 
 
-def attach_value_head(learner, hidden_sizes: Sequence[int], lr: float | None) -> ValueHead:
-    """A new ValueHead sized to the learner's model, on its device, trained by its optimizer at `lr`."""
-    head = ValueHead(learner.model.config.hidden_size, hidden_sizes).to(learner.device)
-    learner.add_parameters(head.parameters(), lr=lr)
+def attach_value_head(policy: TrainablePolicy, hidden_sizes: Sequence[int], lr: float | None) -> ValueHead:
+    """A new ValueHead sized to the policy's encodings, on its device, trained by its optimizer at `lr`."""
+    head = ValueHead(policy.hidden_size, hidden_sizes).to(policy.device)
+    policy.add_parameters(head.parameters(), lr=lr)
     return head
-
-
-def decision_encodings(outputs, batch: TokenBatch) -> torch.Tensor:
-    """The last layer's hidden state at each row's last prompt token (the decision state), `(B, H)` float32."""
-    hidden = outputs.hidden_states[-1]  # (B, L, H)
-    rows = torch.arange(hidden.shape[0], device=hidden.device)  # (B,)
-    return hidden[rows, decision_positions(batch)].float()  # (B, H)

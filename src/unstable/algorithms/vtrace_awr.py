@@ -33,16 +33,19 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from unstable.algorithms.base import BaseAlgo, normalized_sum
-from unstable.algorithms.value import attach_value_head, decision_encodings
-from unstable.learner.batching import TokenBatch
+from unstable.algorithms.base import BaseAlgo, normalized_sum, restore_rng
+from unstable.algorithms.value import attach_value_head
+from unstable.batching import TokenBatch
 from unstable.records import Step
 from unstable.rl import KLController, RunningMeanStd, VTraceReturns, approx_kl, awr_weights, vtrace, weighted_nll_loss
+from unstable.tracking import keys
+from unstable.trainable import TrainablePolicy
 
 
 class VTraceAWR(BaseAlgo):
@@ -85,45 +88,42 @@ class VTraceAWR(BaseAlgo):
         self.rng = random.Random(seed)
         self.value_head = None
 
-    def initialize(self, learner) -> None:
-        """Create the value head and hand its parameters to the learner's optimizer."""
-        self.value_head = attach_value_head(learner, self.vf_hidden_sizes, self.vf_lr)
+    def initialize(self, policy: TrainablePolicy) -> None:
+        """Create the value head and hand its parameters to the policy's optimizer."""
+        self.value_head = attach_value_head(policy, self.vf_hidden_sizes, self.vf_lr)
 
-    def update(self, steps: list[Step], learner) -> dict[str, float]:
+    def update(self, steps: list[Step], policy: TrainablePolicy) -> dict[str, float]:
         """Cache, fit values, weigh, update the policy, fit values again (see the module docstring)."""
-        steps = [replace(s) for s in steps]  # distinct objects: `id(step)` names one row of the cache
-        cache = self._cache(steps, learner)
-        vf_pre_loss = self._fit_values(cache, learner)
+        cache = self._cache(steps, policy)
+        vf_pre_loss = self._fit_values(cache, policy)
         returns, weights = self._weights(cache)
-        logs = self._policy_epochs(steps, cache, returns.vs[:, 0], weights, learner)
-        vf_post_loss = self._fit_values(cache, learner)
-        logs |= {
-            "vf_pre_loss": vf_pre_loss,
-            "vf_post_loss": vf_post_loss,
-            "kl_coef": self.kl_controller.coef,
-            "rho_mean": returns.rhos.mean().item(),
-            "awr_weight_max": weights.max().item(),
+        logs = self._policy_epochs(steps, cache, returns.vs[:, 0], weights, policy)
+        vf_post_loss = self._fit_values(cache, policy)
+        return logs | {
+            keys.VF_PRE_LOSS: vf_pre_loss,
+            keys.VF_POST_LOSS: vf_post_loss,
+            keys.KL_COEF: self.kl_controller.coef,
+            keys.RHO_MEAN: returns.rhos.mean().item(),
+            keys.AWR_WEIGHT_MAX: weights.max().item(),
         }
-        return {f"learner/{k}": v for k, v in logs.items()}
 
     @torch.no_grad()
-    def _cache(self, steps: list[Step], learner) -> _Cache:
-        """One forward pass without gradients: every step's decision encoding and summed log-probs."""
-        index = {id(s): i for i, s in enumerate(steps)}
-        encodings, logp, behaviour = {}, torch.zeros(len(steps)), torch.zeros(len(steps))
-        for batch in self.prepare_batch(steps, learner):
-            rows = torch.tensor([index[id(s)] for s in batch.steps])  # (b,)
-            outputs = learner.forward(batch, output_hidden_states=True)
-            token_logp = learner.token_logprobs(batch, outputs)  # (b, L-1)
-            learner.track_ratios(token_logp, batch)
-            for row, encoding in zip(rows.tolist(), decision_encodings(outputs, batch)):
-                encodings[row] = encoding
-            logp[rows] = (token_logp * batch.completion_mask).sum(-1).cpu()
-            behaviour[rows] = (batch.behaviour_logprobs * batch.completion_mask).sum(-1).cpu()
+    def _cache(self, steps: list[Step], policy: TrainablePolicy) -> _Cache:
+        """One forward pass without gradients: every step's decision encoding and summed log-probs (row i of
+        each tensor is `steps[i]`)."""
+        n = len(steps)
+        encodings = torch.zeros(n, policy.hidden_size, device=policy.device)  # (N, H)
+        logp, behaviour = torch.zeros(n), torch.zeros(n)  # (N,), (N,)
+        for batch in self.prepare_batch(steps, policy):
+            out = policy.forward(batch, encodings=True)
+            policy.track_ratios(out.logprobs, batch)
+            encodings[batch.rows.to(encodings.device)] = out.encodings
+            logp[batch.rows] = (out.logprobs * batch.completion_mask).sum(-1).cpu()
+            behaviour[batch.rows] = (batch.behaviour_logprobs * batch.completion_mask).sum(-1).cpu()
         rewards = torch.tensor([s.reward for s in steps])  # (N,)
-        return _Cache(index, torch.stack([encodings[i] for i in range(len(steps))]), logp, behaviour, rewards)
+        return _Cache(encodings, logp, behaviour, rewards)
 
-    def _fit_values(self, cache: _Cache, learner) -> float:
+    def _fit_values(self, cache: _Cache, policy: TrainablePolicy) -> float:
         """`vf_epochs` epochs of value-only steps on the cached encodings; returns the mean loss."""
         losses = []
         for _ in range(self.vf_epochs):
@@ -134,7 +134,7 @@ class VTraceAWR(BaseAlgo):
                 targets = cache.vtrace(rows, values.detach(), self.rho_bar).vs[:, 0]  # (m,)
                 loss = F.mse_loss(values, targets)
                 loss.backward()
-                learner.optimizer_step()  # only the head has gradients here
+                policy.optimizer_step()  # only the head has gradients here
                 losses.append(loss.item())
         return sum(losses) / max(len(losses), 1)
 
@@ -150,24 +150,23 @@ class VTraceAWR(BaseAlgo):
         return returns, awr_weights(advantages, self.temperature, self.weight_clip)
 
     def _policy_epochs(
-        self, steps: list[Step], cache: _Cache, targets: torch.Tensor, weights: torch.Tensor, learner
+        self, steps: list[Step], cache: _Cache, targets: torch.Tensor, weights: torch.Tensor, policy: TrainablePolicy
     ) -> dict[str, float]:
         """`policy_epochs` over shuffled minibatches; the KL multiplier is stepped after each minibatch."""
         size = self.minibatch_size or len(steps)
         logs: dict[str, list[float]] = defaultdict(list)
         for _ in range(self.policy_epochs):
-            order = self.rng.sample(steps, len(steps))
+            order = self.rng.sample(range(len(steps)), len(steps))
             for start in range(0, len(order), size):
-                minibatch = order[start : start + size]
+                minibatch = order[start : start + size]  # indices into `steps`
                 kl = 0.0
-                for batch in self.prepare_batch(minibatch, learner):
-                    rows = torch.tensor([cache.index[id(s)] for s in batch.steps])  # (b,)
-                    outputs = learner.forward(batch, output_hidden_states=True)
-                    logp = learner.token_logprobs(batch, outputs)  # (b, L-1)
-                    values = self.value_head(decision_encodings(outputs, batch))  # (b,)
+                for batch in self.prepare_batch([steps[i] for i in minibatch], policy):
+                    rows = torch.tensor(minibatch)[batch.rows]  # (b,) indices into `steps` and the cache
+                    out = policy.forward(batch, encodings=True)
+                    values = self.value_head(out.encodings)  # (b,)
                     device = values.device
                     awr_loss, kl_batch, value_mse = self.loss(
-                        logp, values, batch, weights[rows].to(device), targets[rows].to(device)
+                        out.logprobs, values, batch, weights[rows].to(device), targets[rows].to(device)
                     )
                     kl_loss = self.kl_controller.coef * kl_batch
                     value_loss = self.vf_coef * value_mse
@@ -175,10 +174,11 @@ class VTraceAWR(BaseAlgo):
                     share = len(batch.steps) / len(minibatch)
                     (loss * share).backward()
                     kl += kl_batch.item() * share
-                    logs["awr_loss"].append(awr_loss.item())
-                    logs["value_mse"].append(value_mse.item())
-                logs["grad_norm"].append(learner.optimizer_step())
-                logs["approx_kl"].append(kl)
+                    logs[keys.LOSS].append(loss.item())
+                    logs[keys.AWR_LOSS].append(awr_loss.item())
+                    logs[keys.VALUE_MSE].append(value_mse.item())
+                logs[keys.GRAD_NORM].append(policy.optimizer_step())
+                logs[keys.APPROX_KL].append(kl)
                 self.kl_controller.update(kl, self.kl_target)
         return {k: sum(v) / len(v) for k, v in logs.items()}
 
@@ -191,6 +191,22 @@ class VTraceAWR(BaseAlgo):
         kl = approx_kl(logp, batch.behaviour_logprobs, batch.completion_mask)
         value_mse = F.mse_loss(values, targets)
         return awr_loss, kl, value_mse
+
+    def state_dict(self) -> dict[str, Any]:
+        """Value head, KL multiplier (with its optimizer), advantage statistics and the shuffling RNG."""
+        return {
+            "value_head": self.value_head.state_dict(),
+            "kl_controller": self.kl_controller.state_dict(),
+            "advantage_stats": self.advantage_stats.state_dict(),
+            "rng": self.rng.getstate(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore everything `state_dict` saved."""
+        self.value_head.load_state_dict(state["value_head"])
+        self.kl_controller.load_state_dict(state["kl_controller"])
+        self.advantage_stats.load_state_dict(state["advantage_stats"])
+        restore_rng(self.rng, state["rng"])
 
 
 def one_step_vtrace(
@@ -216,9 +232,8 @@ def one_step_vtrace(
 
 @dataclass
 class _Cache:
-    """What the no-grad pass keeps per step (row i of each tensor is the step with `index[id(step)] == i`)."""
+    """What the no-grad pass keeps per step (row i of each tensor is the batch's step i)."""
 
-    index: dict[int, int]
     encodings: torch.Tensor  # (N, H) on the learner's device
     logp: torch.Tensor  # (N,) summed current log-probs of the kept completion tokens
     behaviour_logp: torch.Tensor  # (N,) summed behaviour log-probs of the same tokens

@@ -7,7 +7,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 
+from unstable.buffer.config import BufferConfig
 from unstable.records import GameRecord, Step
+from unstable.tracking import keys
 
 
 class StepBuffer:
@@ -20,7 +22,7 @@ class StepBuffer:
 
     def __init__(
         self,
-        max_buffer_size: int = 768,
+        max_buffer_size: int,
         final_reward_transformation: Callable | None = None,
         step_reward_transformation: Callable | None = None,
         sampling_reward_transformation: Callable | None = None,
@@ -31,13 +33,23 @@ class StepBuffer:
         self.step_transform = step_reward_transformation
         self.sampling_transform = sampling_reward_transformation
         self.steps: deque[Step] = deque(maxlen=max_buffer_size)
-        self.counters = {"games_added": 0, "games_skipped": 0, "steps_added": 0, "steps_dropped": 0}
+        self.counters = {
+            keys.BUFFER_GAMES_ADDED: 0,
+            keys.BUFFER_GAMES_SKIPPED: 0,
+            keys.BUFFER_STEPS_ADDED: 0,
+            keys.BUFFER_STEPS_DROPPED: 0,
+        }
         self._rng = random.Random(seed)
+
+    @classmethod
+    def from_config(cls, cfg: BufferConfig, seed: int = 0) -> StepBuffer:
+        """A buffer whose transform stages are built from the registry names in `cfg`."""
+        return cls(cfg.max_buffer_size, **cfg.transform_stages(), seed=seed)
 
     def add_game(self, record: GameRecord) -> int:
         """Add the learner's steps of a finished game; returns how many steps were added."""
         if record.failed or record.is_eval or not record.rewards:
-            self.counters["games_skipped"] += 1
+            self.counters[keys.BUFFER_GAMES_SKIPPED] += 1
             return 0
         rewards = dict(record.rewards)
         if self.final_transform is not None:
@@ -50,11 +62,11 @@ class StepBuffer:
             if self.step_transform is not None:
                 step = self.step_transform(step, env_id=record.env_id)
             if len(self.steps) == self.max_buffer_size:
-                self.counters["steps_dropped"] += 1
+                self.counters[keys.BUFFER_STEPS_DROPPED] += 1
             self.steps.append(step)
             added += 1
-        self.counters["games_added"] += 1
-        self.counters["steps_added"] += added
+        self.counters[keys.BUFFER_GAMES_ADDED] += 1
+        self.counters[keys.BUFFER_STEPS_ADDED] += added
         return added
 
     def size(self) -> int:
@@ -87,6 +99,6 @@ class StepBuffer:
         rest = [i for unit in order for i in unit if i not in taken]
         return taken | set(rest[: batch_size - len(taken)])
 
-    def stats(self) -> dict[str, float]:
-        """Counters for the tracker."""
-        return {f"buffer/{k}": v for k, v in self.counters.items()} | {"buffer/size": len(self.steps)}
+    def metrics(self) -> dict[str, float]:
+        """Counters and the current size, for the tracker."""
+        return self.counters | {keys.BUFFER_SIZE: len(self.steps)}

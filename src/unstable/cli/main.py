@@ -13,27 +13,30 @@ from typing import Any
 
 def format_progress(row: dict[str, Any], total_steps: int) -> str:
     """One line per learner step: throughput, loss and the rolling eval result."""
+    from unstable.tracking import keys
+
     eval_part = "eval n/a"
-    if row.get("eval/games"):
+    if row.get(keys.EVAL_GAMES):
         eval_part = (
-            f"eval W/D/L {row['eval/win_rate']:.2f}/{row['eval/draw_rate']:.2f}/"
-            f"{row['eval/loss_rate']:.2f} (n={row['eval/games']})"
+            f"eval W/D/L {row[keys.EVAL_WIN_RATE]:.2f}/{row[keys.EVAL_DRAW_RATE]:.2f}/"
+            f"{row[keys.EVAL_LOSS_RATE]:.2f} (n={row[keys.EVAL_GAMES]})"
         )
-    loss = row.get("learner/pg_loss", row.get("learner/loss", float("nan")))
+    loss = f"{row[keys.LOSS]:+.4f}" if keys.LOSS in row else "    n/a"
     return (
-        f"step {row.get('learner/step', 0):>4}/{total_steps} | {row['time']:7.1f}s | "
-        f"games/s {row.get('collector/games_per_s', 0):5.2f} | tok/s {row.get('inference/tokens_per_s', 0):7.1f} | "
-        f"loss {loss:+.4f} | reward {row.get('learner/mean_reward', 0):+.2f} | "
-        f"format {row.get('collector/format_ok_rate', 0):.2f} | {eval_part}"
+        f"step {row.get(keys.STEP, 0):>4}/{total_steps} | {row[keys.TIME]:7.1f}s | "
+        f"games/s {row.get(keys.GAMES_PER_S, 0):5.2f} | tok/s {row.get(keys.INFERENCE_TOKENS_PER_S, 0):7.1f} | "
+        f"loss {loss} | reward {row.get(keys.MEAN_REWARD, 0):+.2f} | "
+        f"format {row.get(keys.FORMAT_OK_RATE, 0):.2f} | {eval_part}"
     )
 
 
-def _format_eval(name: str, table: dict[str, float]) -> str:
+def _format_eval(name: str, table: dict[str, Any]) -> str:
     if not table.get("games"):
         return f"  {name}: no games"
+    low, high = table["win_ci"]
     return (
-        f"  {name}: W/D/L {table['win']:.2f}/{table['draw']:.2f}/{table['loss']:.2f} over {table['games']} games "
-        f"(win 95% CI {table['win_low']:.2f}-{table['win_high']:.2f})"
+        f"  {name}: W/D/L {table['win_rate']:.2f}/{table['draw_rate']:.2f}/{table['loss_rate']:.2f} over "
+        f"{table['games']} games (win 95% CI {low:.2f}-{high:.2f})"
     )
 
 
@@ -93,7 +96,7 @@ def _scripted_agent(name: str) -> None:
 
 
 def _opponent(name: str) -> None:
-    from unstable.evaluation.evaluate import parse_opponent
+    from unstable.agents.seating import parse_opponent
 
     parse_opponent(name)
 
@@ -139,28 +142,24 @@ def cmd_sft(args: argparse.Namespace) -> int:
     """`unstable sft`: warm-start a model on the moves of scripted agents; prints the checkpoint path."""
     from transformers import AutoTokenizer
 
-    from unstable.learner.sft import generate_sft_steps, run_sft
+    from unstable.collector.demonstrations import generate_sft_steps
+    from unstable.learner import LearnerConfig, LoraConfig
+    from unstable.learner.sft import run_sft
 
     model, spec = _model_and_spec(args)
     tokenizer = AutoTokenizer.from_pretrained(model)
     steps = generate_sft_steps(spec, args.agents, args.games, tokenizer, seed=args.seed)
     print(f"unstable: {len(steps)} supervised moves from {args.games} games of {' vs '.join(args.agents)}", flush=True)
-    lora = {"lora_rank": args.lora_rank, "lora_alpha": 2 * args.lora_rank}
+    lora = LoraConfig(lora_rank=args.lora_rank, lora_alpha=2 * args.lora_rank)
     if args.lora_targets:
-        lora["target_modules"] = args.lora_targets
-    path = run_sft(
-        model,
-        steps,
-        out_dir=args.out_dir,
-        epochs=args.epochs,
+        lora.target_modules = args.lora_targets
+    cfg = LearnerConfig(
         batch_size=args.batch_size,
         learning_rate=args.lr,
-        lora_cfg=lora,
-        full_finetune=args.full_finetune,
-        seed=args.seed,
+        lora=None if args.full_finetune else lora,
         num_threads=args.threads,
-        on_epoch=_print_epoch,
     )
+    path = run_sft(model, steps, cfg, out_dir=args.out_dir, epochs=args.epochs, seed=args.seed, on_epoch=_print_epoch)
     print(f"checkpoint: {path}")
     return 0
 
@@ -168,7 +167,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     """`unstable eval`: play a checkpoint against opponents, print the W/D/L table and write it as JSON."""
     from unstable.evaluation.evaluate import evaluate, format_report, write_report
-    from unstable.inference import SamplingConfig
+    from unstable.inference import InferenceConfig
 
     model, spec = _model_and_spec(args)
     report = evaluate(
@@ -177,10 +176,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         args.opponents,
         adapter=args.adapter,
         games_per_opponent=args.games,
-        sampling=SamplingConfig(args.max_new_tokens, args.temperature),
+        inference=InferenceConfig(
+            max_new_tokens=args.max_new_tokens, temperature=args.temperature, num_threads=args.threads
+        ),
         concurrency=args.concurrency,
         seed=args.seed,
-        num_threads=args.threads,
     )
     print(format_report(report))
     if args.out:

@@ -16,18 +16,15 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Any
 
-from unstable.agents.base import Agent
 from unstable.agents.policy import GenerationClient, PolicyAgent
-from unstable.agents.scripted import make_scripted_agent
+from unstable.agents.seating import make_agent, parse_opponent, seat_agents
+from unstable.collector.config import CollectorConfig
 from unstable.games.branching import play_branched_episode
-from unstable.games.episode import DEFAULT_MAX_TURNS, play_episode
+from unstable.games.episode import play_episode
 from unstable.games.templates import get_template
-from unstable.pool.model_pool import Opponent
-from unstable.records import EnvSpec, GameRecord
+from unstable.records import GameRecord
 from unstable.tracking.tracker import summarize_game
 
 log = logging.getLogger(__name__)
@@ -42,28 +39,21 @@ class Collector:
         model_pool,
         step_buffer,
         tracker,
+        cfg: CollectorConfig,
         *,
-        training_envs: list[EnvSpec],
-        evaluation_envs: list[EnvSpec] | None = None,
-        evaluation_opponent: str = "random",
-        tokenizer: Any = None,
-        max_turns: int = DEFAULT_MAX_TURNS,
-        seed: int = 0,
-        group_size: int = 1,
+        tokenizer=None,
+        seed=0,
     ):
-        if not training_envs:
-            raise ValueError("Collector needs at least one training env")
         self.client = client
         self.model_pool = model_pool
         self.step_buffer = step_buffer
         self.tracker = tracker
-        self.training_envs = list(training_envs)
-        self.evaluation_envs = list(evaluation_envs or training_envs)
-        self.evaluation_opponent = evaluation_opponent
+        self.cfg = cfg
+        self.training_envs = cfg.training_specs()
+        self.evaluation_envs = cfg.evaluation_specs()
+        self.evaluation_opponent = parse_opponent(cfg.evaluation_opponent)
         self.tokenizer = tokenizer
-        self.max_turns = max_turns
         self.seed = seed
-        self.group_size = group_size
         self._game_counter = itertools.count()
         self._stop = threading.Event()
 
@@ -105,48 +95,27 @@ class Collector:
         spec = envs[index % len(envs)]
         if is_eval:
             learner = self.model_pool.latest()
-            opponent = Opponent(self.evaluation_opponent, fixed=self.evaluation_opponent)
+            opponent = self.evaluation_opponent
         else:
             learner, opponent = self.model_pool.sample_match()
         seed = self.seed * 1_000_003 + index
         learner_seat = index % spec.num_players  # alternate seats
-        make_learner = lambda: PolicyAgent(self.client, learner, get_template(spec.prompt_template), self.tokenizer)  # noqa: E731
+        template = get_template(spec.prompt_template)
         agents, learner_ids = seat_agents(
             spec,
             learner_seat,
-            make_learner,
-            self._opponent_factory(opponent, spec, seed),
+            lambda: PolicyAgent(self.client, learner, template, self.tokenizer),
+            lambda pid: make_agent(opponent, self.client, template, self.tokenizer, seed=seed + pid),
             mirror=not is_eval and opponent.checkpoint == learner,
         )
-        options = {"max_turns": self.max_turns, "is_eval": is_eval, "learner_player_ids": learner_ids}
-        if is_eval or self.group_size == 1:
+        options = {"max_turns": self.cfg.max_turns, "is_eval": is_eval, "learner_player_ids": learner_ids}
+        if is_eval or self.cfg.group_size == 1:
             records = [play_episode(spec, agents, seed, **options)]
         else:
-            records = play_branched_episode(spec, agents, seed, self.group_size, **options)
+            records = play_branched_episode(spec, agents, seed, self.cfg.group_size, **options)
         if not is_eval:
             for record in records:
                 self.step_buffer.add_game(record)
             self.model_pool.record_game(records[0])
         self.tracker.add_game(summarize_game(records[0]))
         return records[0]
-
-    def _opponent_factory(self, opponent: Opponent, spec: EnvSpec, seed: int) -> Callable[[int], Agent]:
-        if opponent.checkpoint is not None:
-            template = get_template(spec.prompt_template)
-            return lambda pid: PolicyAgent(self.client, opponent.checkpoint, template, self.tokenizer)
-        return lambda pid: make_scripted_agent(opponent.fixed, seed=seed + pid)
-
-
-def seat_agents(
-    spec: EnvSpec,
-    learner_seat: int,
-    make_learner: Callable[[], Agent],
-    make_opponent: Callable[[int], Agent],
-    mirror: bool,
-) -> tuple[dict[int, Agent], tuple[int, ...]]:
-    """Fill every seat: the learner at `learner_seat`, opponents elsewhere; in mirror self-play every seat
-    plays the learner's checkpoint and every seat's steps are training data."""
-    if mirror:
-        return {pid: make_learner() for pid in range(spec.num_players)}, tuple(range(spec.num_players))
-    agents = {pid: make_learner() if pid == learner_seat else make_opponent(pid) for pid in range(spec.num_players)}
-    return agents, (learner_seat,)

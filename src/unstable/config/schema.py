@@ -1,7 +1,9 @@
-"""The run configuration: one pydantic model per component, nested in `RunConfig`, validated on load.
+"""The run configuration: each component's own settings model, nested in `RunConfig`, validated on load.
 
-Every error names the field path, the value and what is allowed (unknown keys are errors too, so a typo
-cannot silently fall back to a default).
+Every component declares its settings once, in its own folder (`collector/config.py`, `pool/config.py`,
+`buffer/config.py`, `inference/config.py`, `learner/config.py`), and takes that section whole. This module
+adds the run-level sections and reads YAML. Every error names the field path, the value and what is allowed
+(unknown keys are errors too, so a typo cannot silently fall back to a default).
 """
 
 from __future__ import annotations
@@ -10,58 +12,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError
 
-from unstable.records import EnvSpec
-
-
-def _registered(value: str, registry: dict, what: str) -> str:
-    """`value` if it names an entry of `registry`, else a ValueError listing the valid names."""
-    if value not in registry:
-        raise ValueError(f"unknown {what} {value!r}; valid: {sorted(registry)}")
-    return value
+from unstable.buffer.config import BufferConfig
+from unstable.collector.config import CollectorConfig
+from unstable.inference.config import InferenceConfig
+from unstable.learner.config import LearnerConfig
+from unstable.pool.config import PoolConfig
+from unstable.settings import Settings
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class EnvSpecConfig(_Strict):
-    """One game: TextArena env id, player count, prompt template. YAML may also give `[id, players, template]`."""
-
-    env_id: str
-    num_players: int = Field(2, ge=1)
-    prompt_template: str = "qwen3-zs"
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_list(cls, value: Any) -> Any:
-        if isinstance(value, (list, tuple)):
-            keys = ("env_id", "num_players", "prompt_template")
-            return dict(zip(keys, value))
-        return value
-
-    @field_validator("env_id")
-    @classmethod
-    def _known_env(cls, value: str) -> str:
-        from unstable.games.registry import validate_env_id
-
-        return validate_env_id(value)
-
-    @field_validator("prompt_template")
-    @classmethod
-    def _known_template(cls, value: str) -> str:
-        from unstable.games.templates import get_template
-
-        get_template(value)
-        return value
-
-    def to_spec(self) -> EnvSpec:
-        """The record the games code uses."""
-        return EnvSpec(self.env_id, self.num_players, self.prompt_template)
-
-
-class RunSection(_Strict):
+class RunSection(Settings):
     """Where the run lives and how it is seeded."""
 
     name: str = "run"
@@ -75,7 +36,7 @@ class RunSection(_Strict):
         return Path(self.dir) / self.name
 
 
-class ModelConfig(_Strict):
+class ModelConfig(Settings):
     """The base model: a local directory or hub id; `build_tiny_if_missing` builds the tiny test model there."""
 
     path: str
@@ -83,143 +44,14 @@ class ModelConfig(_Strict):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
 
-class InferenceConfig(_Strict):
-    """The inference engine and its sampling settings."""
-
-    backend: Literal["transformers", "vllm"] = "transformers"
-    max_new_tokens: int = Field(64, ge=1)
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_batch_size: int = Field(64, ge=1)
-    batch_wait_ms: float = Field(5.0, ge=0.0)
-    max_loras: int = Field(4, ge=1)
-    max_model_len: int = Field(4096, ge=16)
-    num_threads: int | None = Field(1, ge=1, description="torch threads of the inference process")
-    num_gpus: float = Field(0.0, ge=0.0, description="GPUs of each inference actor")
-    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
-    num_actors: int = Field(1, ge=1, description="inference server actors; the collector spreads requests over them")
-
-
-class CollectorConfig(_Strict):
-    """How many games run at once, which games, and the evaluation opponent."""
-
-    num_workers: int = Field(8, ge=1)
-    num_eval_workers: int = Field(0, ge=0)
-    max_turns: int = Field(60, ge=1)
-    training_envs: list[EnvSpecConfig]
-    evaluation_envs: list[EnvSpecConfig] = []
-    evaluation_opponent: str = "random"
-    group_size: int = Field(
-        1, ge=1, description="continuations per training game branched from a copied decision state (1: off)"
-    )
-
-    @field_validator("evaluation_opponent")
-    @classmethod
-    def _known_opponent(cls, value: str) -> str:
-        from unstable.agents.scripted import make_scripted_agent
-
-        make_scripted_agent(value, seed=0)
-        return value
-
-
-class PoolConfig(_Strict):
-    """Opponent sampling and ratings."""
-
-    sample_mode: Literal["mirror", "fixed", "random", "lagged"] = "mirror"
-    fixed_opponents: list[str] = []
-    max_active_lora: int = Field(3, ge=1)
-    rating_backend: Literal["openskill", "trueskill"] = "openskill"
-
-    @field_validator("fixed_opponents")
-    @classmethod
-    def _known_opponents(cls, value: list[str]) -> list[str]:
-        from unstable.agents.scripted import make_scripted_agent
-
-        for name in value:
-            make_scripted_agent(name, seed=0)
-        return value
-
-    @model_validator(mode="after")
-    def _fixed_needs_opponents(self) -> PoolConfig:
-        if self.sample_mode == "fixed" and not self.fixed_opponents:
-            raise ValueError("sample_mode 'fixed' needs at least one entry in fixed_opponents")
-        return self
-
-
-class TransformConfig(_Strict):
-    """A reward transform by class name with its keyword arguments."""
-
-    name: str
-    args: dict[str, Any] = {}
-
-    @field_validator("name")
-    @classmethod
-    def _known_transform(cls, value: str) -> str:
-        from unstable.rewards import TRANSFORMS
-
-        return _registered(value, TRANSFORMS, "reward transform")
-
-
-class BufferConfig(_Strict):
-    """StepBuffer size and the three reward-transform stages."""
-
-    max_buffer_size: int = Field(768, ge=1)
-    final_reward_transforms: list[TransformConfig] = [TransformConfig(name="WinDrawLossFormatter")]
-    step_reward_transforms: list[TransformConfig] = []
-    sampling_reward_transforms: list[TransformConfig] = []
-
-
-class AlgorithmConfig(_Strict):
-    """The learning algorithm by name and its keyword arguments."""
-
-    name: str = "reinforce"
-    args: dict[str, Any] = {}
-
-    @field_validator("name")
-    @classmethod
-    def _known_algorithm(cls, value: str) -> str:
-        from unstable.algorithms import ALGORITHMS
-
-        return _registered(value, ALGORITHMS, "algorithm")
-
-
-class LoraConfigModel(_Strict):
-    """LoRA adapter shape (the seed's `lora_cfg` keys)."""
-
-    lora_rank: int = Field(16, ge=1)
-    lora_alpha: float = Field(32, gt=0)
-    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-class LearnerConfig(_Strict):
-    """Batching, optimisation and checkpointing of the learner."""
-
-    num_steps: int = Field(10, ge=1)
-    batch_size: int = Field(32, ge=1)
-    mini_batch_size: int | None = Field(None, ge=1)
-    micro_batch_tokens: int = Field(8192, ge=1)
-    learning_rate: float = Field(1e-5, gt=0.0)
-    grad_clip: float = Field(1.0, gt=0.0)
-    max_train_len: int | None = Field(None, ge=2)
-    lora: LoraConfigModel | None = LoraConfigModel()
-    initial_lora_path: str | None = None
-    num_threads: int | None = Field(1, ge=1)
-    num_gpus: float = Field(0.0, ge=0.0)
-    max_staleness: int | None = Field(
-        None, ge=0, description="drop samples from policies more than this many updates old (None: keep all)"
-    )
-    algorithm: AlgorithmConfig = AlgorithmConfig()
-
-
-class EvaluationConfig(_Strict):
+class EvaluationConfig(Settings):
     """Blocking evaluation before and after training (learner vs the eval opponent, seats alternated)."""
 
     games_at_start: int = Field(20, ge=0)
     games_at_end: int = Field(20, ge=0)
 
 
-class RunConfig(_Strict):
+class RunConfig(Settings):
     """A whole training run."""
 
     run: RunSection = RunSection()

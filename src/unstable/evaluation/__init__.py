@@ -1,24 +1,2 @@
-"""Evaluation math: confidence intervals for win rates and exact exploitability of Kuhn Poker strategies."""
-
-from unstable.evaluation.kuhn import (
-    KuhnInfoSet,
-    aggressive_probability,
-    best_response_value,
-    exploitability,
-    game_value,
-    kuhn_information_sets,
-    nash_strategy,
-)
-from unstable.evaluation.stats import WDL, wilson_interval
-
-__all__ = [
-    "WDL",
-    "KuhnInfoSet",
-    "aggressive_probability",
-    "best_response_value",
-    "exploitability",
-    "game_value",
-    "kuhn_information_sets",
-    "nash_strategy",
-    "wilson_interval",
-]
+"""Checkpoint evaluation (`unstable.evaluation.evaluate`): W/D/L against opponents per seat with Wilson
+intervals, and the exact exploitability of a model's Kuhn Poker policy."""

@@ -13,45 +13,31 @@ probability of the aggressive move, and `exploitability` computes the best respo
 from __future__ import annotations
 
 import json
-import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from unstable.agents.policy import GenerationClient, PolicyAgent
-from unstable.agents.scripted import SCRIPTED_AGENTS, make_scripted_agent
-from unstable.collector.collector import seat_agents
-from unstable.evaluation.kuhn import KuhnInfoSet, aggressive_probability, exploitability, kuhn_information_sets
-from unstable.evaluation.stats import WDL
+from unstable.agents.seating import make_agent, parse_opponent, seat_agents
+from unstable.collector.demonstrations import supervised_step
 from unstable.games.episode import DEFAULT_MAX_TURNS, play_episode
+from unstable.games.kuhn import KuhnInfoSet, aggressive_probability, exploitability, kuhn_information_sets
 from unstable.games.templates import get_template
-from unstable.inference import InferenceServer, SamplingConfig, make_backend
-from unstable.learner.sft import sft_learner, supervised_step
-from unstable.records import Checkpoint, EnvSpec, GameRecord, Step
+from unstable.inference import InferenceConfig, InferenceServer, make_backend
+from unstable.learner import LearnerConfig, LoraConfig, PolicyModel
+from unstable.records import Checkpoint, EnvSpec, GameRecord, Opponent, Step
+from unstable.tracking.stats import wdl_summary
 
 MODEL_UID = "model"
-DEFAULT_SAMPLING = SamplingConfig(max_new_tokens=8, temperature=1.0)
-
-
-def parse_opponent(name: str) -> str | Checkpoint:
-    """A scripted agent's name (validated, e.g. 'random' or 'kuhn-nash:alpha=0.2') or, for an existing
-    directory, the LoRA adapter there as a Checkpoint (its uid is the path with PEFT-safe characters)."""
-    if name.partition(":")[0] in SCRIPTED_AGENTS:
-        make_scripted_agent(name, seed=0)
-        return name
-    if Path(name).is_dir():
-        return Checkpoint(uid="opponent-" + re.sub(r"[^\w-]", "_", name), path=name)
-    raise ValueError(f"opponent {name!r} is neither a scripted agent ({', '.join(SCRIPTED_AGENTS)}) nor a directory")
+DEFAULT_INFERENCE = InferenceConfig(max_new_tokens=8, num_threads=None)
 
 
 def play_matches(
     client: GenerationClient,
     model: Checkpoint,
     spec: EnvSpec,
-    opponent: str | Checkpoint,
+    opponent: Opponent,
     num_games: int,
     *,
     tokenizer: Any = None,
@@ -63,40 +49,19 @@ def play_matches(
     `seed + i` and puts the model in seat `i % num_players`."""
     template = get_template(spec.prompt_template)
 
-    def make_opponent(game_seed: int):
-        if isinstance(opponent, Checkpoint):
-            return lambda pid: PolicyAgent(client, opponent, template, tokenizer)
-        return lambda pid: make_scripted_agent(opponent, seed=game_seed * spec.num_players + pid)
-
     def play(game: int) -> GameRecord:
         game_seed = seed + game
         agents, model_seats = seat_agents(
             spec,
             game % spec.num_players,
             lambda: PolicyAgent(client, model, template, tokenizer),
-            make_opponent(game_seed),
+            lambda pid: make_agent(opponent, client, template, tokenizer, seed=game_seed * spec.num_players + pid),
             mirror=False,
         )
         return play_episode(spec, agents, game_seed, max_turns=max_turns, is_eval=True, learner_player_ids=model_seats)
 
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, num_games)), thread_name_prefix="eval") as pool:
         return list(pool.map(play, range(num_games)))
-
-
-def wdl_summary(wdl: WDL) -> dict[str, Any]:
-    """Counts, rates and 95% Wilson intervals of a W/D/L tally, JSON-ready."""
-    return {
-        "games": wdl.n,
-        "wins": wdl.wins,
-        "draws": wdl.draws,
-        "losses": wdl.losses,
-        "win_rate": wdl.win_rate,
-        "draw_rate": wdl.draw_rate,
-        "loss_rate": wdl.loss_rate,
-        "win_ci": list(wdl.win_interval()),
-        "draw_ci": list(wdl.draw_interval()),
-        "loss_ci": list(wdl.loss_interval()),
-    }
 
 
 def summarize_matches(records: list[GameRecord]) -> dict[str, Any]:
@@ -107,8 +72,8 @@ def summarize_matches(records: list[GameRecord]) -> dict[str, Any]:
     by_seat = {seat: [r.outcome(seat) for r in finished if r.learner_player_ids[0] == seat] for seat in seats}
     moves = [s for r in finished for s in r.steps if s.player_id in r.learner_player_ids]
     return {
-        "seats": {f"seat_{seat}": wdl_summary(WDL.from_outcomes(o)) for seat, o in by_seat.items()},
-        "all_seats": wdl_summary(WDL.from_outcomes(r.outcome(r.learner_player_ids[0]) for r in finished)),
+        "seats": {f"seat_{seat}": wdl_summary(outcomes) for seat, outcomes in by_seat.items()},
+        "all_seats": wdl_summary(r.outcome(r.learner_player_ids[0]) for r in finished),
         "failed": len(records) - len(finished),
         "truncated": sum(r.truncated for r in finished),
         "moves": len(moves),
@@ -117,33 +82,24 @@ def summarize_matches(records: list[GameRecord]) -> dict[str, Any]:
     }
 
 
-def scoring_learner(model_path: str, adapter: str | None = None, temperature: float = 1.0):
-    """A StandardLearner holding the model (plus `adapter`) whose `token_logprobs` use `temperature`."""
-    learner = sft_learner(model_path, initial_lora_path=adapter, full_finetune=adapter is None, temperature=temperature)
-    learner.initialize()
-    learner.model.eval()
-    return learner
+def scoring_policy(model_path: str, adapter: str | None = None, temperature: float = 1.0) -> PolicyModel:
+    """The model (plus LoRA `adapter`) loaded for scoring, in eval mode, with log-probs at `temperature`."""
+    cfg = LearnerConfig(lora=LoraConfig() if adapter else None, initial_lora_path=adapter, num_threads=None)
+    policy = PolicyModel(model_path, cfg, temperature=temperature)
+    policy.load()
+    policy.model.eval()
+    return policy
 
 
-@torch.no_grad()
-def completion_logprobs(learner, steps: list[Step]) -> list[float]:
-    """Sum of the completion tokens' log-probs of each step under the learner's model, in input order."""
-    totals: dict[Step, float] = {}
-    for batch in learner.micro_batches(steps):
-        sums = (learner.token_logprobs(batch) * batch.completion_mask).sum(-1)  # (b,)
-        totals.update(zip(batch.steps, sums.tolist()))
-    return [totals[step] for step in steps]
-
-
-def kuhn_strategy(learner, spec: EnvSpec, infosets: list[KuhnInfoSet]) -> dict[str, float]:
+def kuhn_strategy(policy: PolicyModel, spec: EnvSpec, infosets: list[KuhnInfoSet]) -> dict[str, float]:
     """The model's probability of the aggressive move at each information set, renormalised over the two
     legal moves, each scored as the completion `template.format_action(move)` + eos."""
     steps = [
-        supervised_step(Step(spec.env_id, info.env_player_id, 0, info.observation, action), spec, learner.tokenizer)
+        supervised_step(Step(spec.env_id, info.env_player_id, 0, info.observation, action), spec, policy.tokenizer)
         for info in infosets
         for action in info.legal_actions
     ]
-    scores = iter(completion_logprobs(learner, steps))
+    scores = iter(policy.completion_logprobs(steps))
     return {info.key: aggressive_probability({a: next(scores) for a in info.legal_actions}) for info in infosets}
 
 
@@ -157,7 +113,7 @@ def kuhn_exploitability(
     """Exact exploitability (chips per round) of the model's first-round Kuhn Poker policy at `temperature`,
     with the strategy it was computed from. Pass `infosets` to reuse `kuhn_information_sets(spec.env_id)`."""
     infosets = infosets if infosets is not None else list(kuhn_information_sets(spec.env_id))
-    strategy = kuhn_strategy(scoring_learner(model_path, adapter, temperature), spec, infosets)
+    strategy = kuhn_strategy(scoring_policy(model_path, adapter, temperature), spec, infosets)
     return {"exploitability": float(exploitability(strategy)), "strategy": strategy}
 
 
@@ -173,18 +129,19 @@ def evaluate(
     *,
     adapter: str | None = None,
     games_per_opponent: int = 20,
-    sampling: SamplingConfig = DEFAULT_SAMPLING,
+    inference: InferenceConfig = DEFAULT_INFERENCE,
     concurrency: int = 32,
     seed: int = 0,
     max_turns: int = DEFAULT_MAX_TURNS,
-    num_threads: int | None = None,
 ) -> dict[str, Any]:
     """Play the checkpoint (`model_path` plus optional LoRA `adapter`) against each opponent and return the
-    JSON-ready report; for Kuhn Poker it also holds the exact exploitability under `"kuhn"`."""
+    JSON-ready report; for Kuhn Poker it also holds the exact exploitability under `"kuhn"`. `inference` sets
+    the sampling and threads of the transformers engine the games share."""
     parsed = {name: parse_opponent(name) for name in opponents}
-    adapters = sum(isinstance(o, Checkpoint) for o in parsed.values()) + 1
-    backend = make_backend("transformers", model_path, sampling, num_threads=num_threads, seed=seed)
-    server = InferenceServer(lambda: backend, max_loras=adapters)
+    adapters = sum(o.checkpoint is not None for o in parsed.values()) + 1
+    inference = inference.model_copy(update={"backend": "transformers", "max_loras": adapters})
+    backend = make_backend(model_path, inference, seed=seed)
+    server = InferenceServer(lambda: backend, inference)
     server.start()
     model = Checkpoint(MODEL_UID, adapter)
     try:
@@ -211,12 +168,12 @@ def evaluate(
         "adapter": adapter,
         "env": asdict(spec),
         "games_per_opponent": games_per_opponent,
-        "sampling": asdict(sampling),
+        "sampling": asdict(inference.sampling),
         "seed": seed,
         "opponents": results,
     }
     if is_kuhn(spec):
-        report["kuhn"] = kuhn_exploitability(model_path, spec, adapter, sampling.temperature or 1.0)
+        report["kuhn"] = kuhn_exploitability(model_path, spec, adapter, inference.temperature or 1.0)
     return report
 
 

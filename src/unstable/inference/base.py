@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from unstable.records import Checkpoint
+from unstable.records import Checkpoint, GenerationRequest, GenerationResult
 
 
 @dataclass(frozen=True)
@@ -15,29 +15,6 @@ class SamplingConfig:
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """One prompt to complete with the policy named by `checkpoint` (None: the base model)."""
-
-    prompt: str
-    checkpoint: Checkpoint | None = None
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    """A completion with the exact tokens and the log-probability of each under the sampling distribution.
-
-    `logprobs[i] = log softmax(logits / temperature)[completion_token_ids[i]]` (temperature 1 when greedy),
-    the behaviour policy the learner corrects against.
-    """
-
-    text: str
-    prompt_token_ids: tuple[int, ...]
-    completion_token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    finish_reason: str = "stop"
 
 
 def prompt_fits(prompt_ids: list[int], max_model_len: int, sampling: SamplingConfig) -> bool:

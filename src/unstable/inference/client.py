@@ -7,8 +7,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from unstable.inference.base import GenerationRequest, GenerationResult
 from unstable.inference.server import merge_stats
+from unstable.records import GenerationRequest, GenerationResult
 
 
 class InferenceClient:
@@ -35,9 +35,9 @@ class InferenceClient:
             with self._lock:
                 self._outstanding[index] -= 1
 
-    def stats(self, reset: bool = True) -> dict[str, float]:
-        """The servers' throughput counters merged into one row (see `InferenceServer.stats`)."""
-        return merge_stats([server.stats(reset) for server in self.servers])
+    def metrics(self) -> dict[str, float]:
+        """The servers' throughput since the previous call, merged into one row (see `InferenceServer.stats`)."""
+        return merge_stats([server.stats(reset=True) for server in self.servers])
 
     def _pick(self) -> int:
         with self._lock:

@@ -18,8 +18,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from unstable.inference.base import GenerationRequest, GenerationResult, InferenceBackend
-from unstable.records import Checkpoint
+from unstable.inference.base import InferenceBackend
+from unstable.inference.config import InferenceConfig
+from unstable.records import Checkpoint, GenerationRequest, GenerationResult
+from unstable.tracking import keys
 
 log = logging.getLogger(__name__)
 
@@ -27,18 +29,12 @@ log = logging.getLogger(__name__)
 class InferenceServer:
     """Micro-batches concurrent generation requests onto one backend and hot-swaps LoRA checkpoints."""
 
-    def __init__(
-        self,
-        backend_factory: Callable[[], InferenceBackend],
-        *,
-        max_batch_size: int = 64,
-        batch_wait_ms: float = 5.0,
-        max_loras: int = 4,
-    ):
+    def __init__(self, backend_factory: Callable[[], InferenceBackend], cfg: InferenceConfig | None = None):
+        cfg = cfg or InferenceConfig()
         self._backend_factory = backend_factory
-        self.max_batch_size = max_batch_size
-        self.batch_wait_s = batch_wait_ms / 1000.0
-        self.max_loras = max_loras
+        self.max_batch_size = cfg.max_batch_size
+        self.batch_wait_s = cfg.batch_wait_ms / 1000.0
+        self.max_loras = cfg.max_loras
         self._queue: queue.Queue[tuple[GenerationRequest, Future]] = queue.Queue()
         self._resident: OrderedDict[str, Checkpoint] = OrderedDict()
         self._full_weights_uid: str | None = None
@@ -191,12 +187,17 @@ class InferenceServer:
 def merge_stats(per_server: list[dict[str, float]]) -> dict[str, float]:
     """One `stats()` row for several servers: counts and tokens/s add up, busy fraction is the mean."""
     merged = {key: sum(stats[key] for stats in per_server) for key in _SUMMED}
-    merged["inference/mean_batch_size"] = merged["inference/requests"] / max(merged["inference/batches"], 1)
-    merged["inference/busy_fraction"] = sum(s["inference/busy_fraction"] for s in per_server) / len(per_server)
+    merged[keys.INFERENCE_MEAN_BATCH_SIZE] = merged[keys.INFERENCE_REQUESTS] / max(merged[keys.INFERENCE_BATCHES], 1)
+    merged[keys.INFERENCE_BUSY_FRACTION] = sum(s[keys.INFERENCE_BUSY_FRACTION] for s in per_server) / len(per_server)
     return merged
 
 
-_SUMMED = ("inference/requests", "inference/batches", "inference/generated_tokens", "inference/tokens_per_s")
+_SUMMED = (
+    keys.INFERENCE_REQUESTS,
+    keys.INFERENCE_BATCHES,
+    keys.INFERENCE_GENERATED_TOKENS,
+    keys.INFERENCE_TOKENS_PER_S,
+)
 
 
 class _Counters:
@@ -224,12 +225,12 @@ class _Counters:
         with self._lock:
             elapsed = max(time.perf_counter() - self.since, 1e-9)
             stats = {
-                "inference/requests": self.requests,
-                "inference/batches": self.batches,
-                "inference/generated_tokens": self.tokens,
-                "inference/tokens_per_s": self.tokens / elapsed,
-                "inference/mean_batch_size": self.requests / max(self.batches, 1),
-                "inference/busy_fraction": self.busy_s / elapsed,
+                keys.INFERENCE_REQUESTS: self.requests,
+                keys.INFERENCE_BATCHES: self.batches,
+                keys.INFERENCE_GENERATED_TOKENS: self.tokens,
+                keys.INFERENCE_TOKENS_PER_S: self.tokens / elapsed,
+                keys.INFERENCE_MEAN_BATCH_SIZE: self.requests / max(self.batches, 1),
+                keys.INFERENCE_BUSY_FRACTION: self.busy_s / elapsed,
             }
             if reset:
                 self._reset()

@@ -1,5 +1,7 @@
-"""The learner: batches in, updated checkpoints out."""
+"""The learner: a policy model, and the optimizer and algorithm that update it."""
 
-from unstable.learner.learner import StandardLearner
+from unstable.learner.config import AlgorithmConfig, LearnerConfig, LoraConfig
+from unstable.learner.learner import Learner
+from unstable.learner.policy_model import PolicyModel
 
-__all__ = ["StandardLearner"]
+__all__ = ["AlgorithmConfig", "Learner", "LearnerConfig", "LoraConfig", "PolicyModel"]

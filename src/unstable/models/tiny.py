@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import pathlib
 import random
-import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -50,46 +49,10 @@ DEFAULT_ENV_IDS = (
     "IndianPoker-v0-train",
 )
 """Games whose text trains the tokenizer: the core games first, then others that add enough vocabulary
-to fill a 1024-token BPE. Games whose moves :func:`legal_moves` cannot read are played with ``[0]``,
-which usually ends them after an invalid move; their rules text is what matters."""
+to fill a 1024-token BPE. Games whose moves :func:`unstable.games.moves.legal_moves` cannot read are
+played with ``[0]``, which usually ends them after an invalid move; their rules text is what matters."""
 
 _SNIPPET_REPEATS = 10  # weight of the format snippets against the game text, so they earn their own merges
-_QUOTED_MOVE = re.compile(r"'(\[[^\]]+\])'")
-_NIM_PILE = re.compile(r"pile (\d+): (\d+)")
-
-
-def _listed_moves(observation: str) -> list[str]:
-    """Moves quoted on the last ``Available Moves:`` / ``available actions`` line, if any."""
-    lines = [line for line in observation.splitlines() if re.search(r"available (moves|actions)", line, re.IGNORECASE)]
-    return _QUOTED_MOVE.findall(lines[-1]) if lines else []
-
-
-def _nim_moves(observation: str) -> list[str]:
-    """Legal ``[pile quantity]`` moves read from the last ``Current Pile:`` block of a Nim observation."""
-    block = observation.rpartition("Current Pile:")[2]
-    return [f"[{pile} {q}]" for pile, size in _NIM_PILE.findall(block) for q in range(1, int(size) + 1)]
-
-
-def _connect_four_moves(observation: str) -> list[str]:
-    """``[col c]`` for every column whose top cell is empty in the last Connect Four board."""
-    rows = observation.rpartition("Board state:")[2].split("-------------")[-1].split()
-    return [f"[col {col}]" for col, cell in enumerate(rows[:7]) if cell == "."]
-
-
-def legal_moves(observation: str) -> list[str]:
-    """Best-effort list of legal action strings for the current player, parsed from the observation text.
-
-    Understands the ``Available Moves: '[0]', ...`` and ``Your available actions are: '[check]', ...``
-    lines of most TextArena games, plus the board/pile layouts of Nim and Connect Four, which list no
-    moves. Returns an empty list when nothing is recognised.
-    """
-    if moves := _listed_moves(observation):
-        return moves
-    if "Current Pile:" in observation:
-        return _nim_moves(observation)
-    if "Board state:" in observation:
-        return _connect_four_moves(observation)
-    return []
 
 
 def _play_random_game(env_id: str, rng: random.Random, max_turns: int) -> list[str]:
@@ -98,6 +61,7 @@ def _play_random_game(env_id: str, rng: random.Random, max_turns: int) -> list[s
     Returns every action plus the last observation each player saw; TextArena's ``-train``
     observations already hold the whole game so far, so earlier ones would only repeat text.
     """
+    from unstable.games.moves import legal_moves
     from unstable.games.registry import make_env
 
     env = make_env(env_id)

@@ -3,47 +3,29 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from typing import Any
 
+from unstable.agents.seating import parse_opponent
+from unstable.pool.config import PoolConfig
 from unstable.pool.ratings import Rating, RatingSystem
-from unstable.records import Checkpoint, GameRecord
+from unstable.records import Checkpoint, GameRecord, Opponent
+from unstable.tracking import keys
 
 SAMPLE_MODES = ("mirror", "fixed", "random", "lagged")
 
 
-@dataclass(frozen=True)
-class Opponent:
-    """Who fills a seat: a policy checkpoint served by the inference engine, or a scripted/fixed agent."""
-
-    agent_id: str
-    checkpoint: Checkpoint | None = None
-    fixed: str | None = None
-
-
 class ModelPool:
-    """Registers checkpoints, samples opponents by `sample_mode` and keeps a rating per agent.
+    """Registers checkpoints, samples opponents by `cfg.sample_mode` and keeps a rating per agent.
 
     Modes: `mirror` (the latest checkpoint plays itself), `fixed` (a uniformly chosen fixed opponent),
     `random` (uniform over active checkpoints and fixed opponents), `lagged` (the previous checkpoint).
     Only the newest `max_active_lora` checkpoints are sampled, bounding the adapters the engine keeps.
     """
 
-    def __init__(
-        self,
-        sample_mode: str = "mirror",
-        fixed_opponents: list[str] | tuple[str, ...] = (),
-        max_active_lora: int = 3,
-        rating_backend: str = "openskill",
-        seed: int = 0,
-    ):
-        if sample_mode not in SAMPLE_MODES:
-            raise ValueError(f"unknown sample_mode {sample_mode!r}; valid: {list(SAMPLE_MODES)}")
-        if sample_mode == "fixed" and not fixed_opponents:
-            raise ValueError("sample_mode 'fixed' needs at least one entry in fixed_opponents")
-        self.sample_mode = sample_mode
-        self.fixed_opponents = list(fixed_opponents)
-        self.max_active_lora = max_active_lora
-        self.ratings = RatingSystem(rating_backend)
+    def __init__(self, cfg: PoolConfig | None = None, *, seed: int = 0):
+        self.cfg = cfg or PoolConfig()
+        self.ratings = RatingSystem(self.cfg.rating_backend)
+        self.fixed_opponents = [parse_opponent(name) for name in self.cfg.fixed_opponents]
         self.checkpoints: list[Checkpoint] = []
         self.games_played = 0
         self._rng = random.Random(seed)
@@ -65,20 +47,21 @@ class ModelPool:
 
     def active_checkpoints(self) -> list[Checkpoint]:
         """The newest `max_active_lora` checkpoints."""
-        return self.checkpoints[-self.max_active_lora :]
+        return self.checkpoints[-self.cfg.max_active_lora :]
 
     def sample_opponent(self) -> Opponent:
         """Draw the opponent for one training game according to `sample_mode`."""
         latest = self.latest()
-        if self.sample_mode == "mirror":
+        mode = self.cfg.sample_mode
+        if mode == "mirror":
             return Opponent(latest.uid, checkpoint=latest)
-        if self.sample_mode == "lagged":
+        if mode == "lagged":
             previous = self.checkpoints[-2] if len(self.checkpoints) > 1 else latest
             return Opponent(previous.uid, checkpoint=previous)
-        if self.sample_mode == "fixed":
-            return self._fixed(self._rng.choice(self.fixed_opponents))
+        if mode == "fixed":
+            return self._rng.choice(self.fixed_opponents)
         choices = [Opponent(c.uid, checkpoint=c) for c in self.active_checkpoints()]
-        choices += [self._fixed(name) for name in self.fixed_opponents]
+        choices += self.fixed_opponents
         return self._rng.choice(choices)
 
     def sample_match(self) -> tuple[Checkpoint, Opponent]:
@@ -95,14 +78,16 @@ class ModelPool:
             scores[agent_id] = scores.get(agent_id, 0.0) + record.rewards.get(pid, 0.0)
         self.ratings.rate(scores)
 
-    def snapshot(self) -> dict:
-        """Ratings and counters, for the tracker and the run directory."""
+    def metrics(self) -> dict[str, Any]:
+        """Games rated, checkpoints, the latest checkpoint's rating and the ladder (best conservative first)."""
+        ladder = sorted(self.ratings.ratings.items(), key=lambda item: -item[1].conservative)
+        latest = self.ratings.get(self.latest().uid) if self.checkpoints else Rating()
         return {
-            "games_played": self.games_played,
-            "checkpoints": [c.uid for c in self.checkpoints],
-            "ratings": {k: {"mu": r.mu, "sigma": r.sigma} for k, r in self.ratings.ratings.items()},
+            keys.POOL_GAMES_RATED: self.games_played,
+            keys.POOL_CHECKPOINTS: len(self.checkpoints),
+            keys.POOL_LATEST_MU: latest.mu,
+            keys.POOL_LATEST_SIGMA: latest.sigma,
+            keys.POOL_LADDER: [
+                {"agent": agent, "mu": r.mu, "sigma": r.sigma, "conservative": r.conservative} for agent, r in ladder
+            ],
         }
-
-    @staticmethod
-    def _fixed(name: str) -> Opponent:
-        return Opponent(name, fixed=name)

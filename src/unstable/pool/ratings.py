@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from unstable.settings import check_registered
+
+RATING_BACKENDS = ("openskill", "trueskill")
 DEFAULT_MU = 25.0
 DEFAULT_SIGMA = 25.0 / 3.0
 
@@ -25,11 +28,8 @@ class Rating:
 class RatingSystem:
     """Rates free-for-all results; `backend` is 'openskill' (Plackett-Luce) or 'trueskill'."""
 
-    BACKENDS = ("openskill", "trueskill")
-
     def __init__(self, backend: str = "openskill", beta: float = 25.0 / 6.0):
-        if backend not in self.BACKENDS:
-            raise ValueError(f"unknown rating backend {backend!r}; valid: {list(self.BACKENDS)}")
+        check_registered(backend, RATING_BACKENDS, "rating backend")
         self.backend = backend
         self.beta = beta
         self.ratings: dict[str, Rating] = {}

@@ -7,9 +7,11 @@ import os
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from unstable.records import GameRecord
+from unstable.tracking import keys
+from unstable.tracking.stats import wdl_summary
 
 
 def summarize_game(record: GameRecord) -> dict[str, Any]:
@@ -34,14 +36,23 @@ def summarize_game(record: GameRecord) -> dict[str, Any]:
     }
 
 
+class MetricSource(Protocol):
+    """A component whose gauges the Tracker reads when it writes a row (buffer, pool, inference client)."""
+
+    def metrics(self) -> dict[str, Any]: ...
+
+
 class Tracker:
-    """Aggregates game summaries over a window and writes metrics to `run_dir/metrics.jsonl`.
+    """Aggregates game summaries over a window and writes every metric to `run_dir/metrics.jsonl`.
 
     `log(metrics)` closes the window: it adds the window's collector aggregates (games/s, tokens/s, format
-    and invalid-move rates, eval W/D/L) to `metrics`, appends the row to the JSONL file and returns it.
+    and invalid-move rates, eval W/D/L) and the current `metrics()` of every source added with `add_source`
+    to `metrics`, appends the row to the JSONL file and returns it. So nothing reaches a caller that the
+    file does not hold.
     """
 
     def __init__(self, run_dir: str | os.PathLike):
+        self.sources: list[MetricSource] = []
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
@@ -50,6 +61,10 @@ class Tracker:
         self.rows: list[dict[str, Any]] = []
         self._window_games: list[dict[str, Any]] = []
         self._window_start = time.time()
+
+    def add_source(self, source: MetricSource) -> None:
+        """Read `source.metrics()` into every row from now on."""
+        self.sources.append(source)
 
     def add_game(self, summary: dict[str, Any]) -> None:
         """Record one finished game's summary (see `summarize_game`)."""
@@ -60,7 +75,9 @@ class Tracker:
     def log(self, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write one row: `metrics` plus the collector aggregates of the window since the last row."""
         now = time.time()
-        row = {"time": now - self.start, **(metrics or {}), **self._window_aggregates(now)}
+        row = {keys.TIME: now - self.start, **(metrics or {}), **self._window_aggregates(now)}
+        for source in self.sources:
+            row.update(source.metrics())
         row.update({f"total/{k}": v for k, v in self.totals.items()})
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
@@ -76,9 +93,9 @@ class Tracker:
     def _window_aggregates(self, now: float) -> dict[str, float]:
         elapsed = max(now - self._window_start, 1e-9)
         train = [g for g in self._window_games if not g["is_eval"] and not g["failed"]]
-        evals = [g for g in self._window_games if g["is_eval"] and not g["failed"]]
+        evals = wdl_summary(g["outcome"] for g in self._window_games if g["is_eval"] and g["outcome"] is not None)
         decisions = sum(g["learner_steps"] for g in train)
-        out = {
+        return {
             "collector/games_per_s": len(train) / elapsed,
             "collector/tokens_per_s": sum(g["generated_tokens"] for g in self._window_games) / elapsed,
             "collector/train_games": len(train),
@@ -86,8 +103,10 @@ class Tracker:
             "collector/mean_turns": sum(g["turns"] for g in train) / max(len(train), 1),
             "collector/format_ok_rate": sum(g["format_ok"] for g in train) / max(decisions, 1),
             "collector/invalid_move_rate": sum(g["invalid_moves"] for g in train) / max(decisions, 1),
-            "eval/games": len(evals),
+            "eval/games": evals["games"],
+            "eval/win_rate": evals["win_rate"],
+            "eval/draw_rate": evals["draw_rate"],
+            "eval/loss_rate": evals["loss_rate"],
+            "eval/win_low": evals["win_ci"][0],
+            "eval/win_high": evals["win_ci"][1],
         }
-        for outcome in ("win", "draw", "loss"):
-            out[f"eval/{outcome}_rate"] = sum(g["outcome"] == outcome for g in evals) / max(len(evals), 1)
-        return out

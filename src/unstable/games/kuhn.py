@@ -22,6 +22,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
+from unstable.games.moves import legal_moves
+
 CARDS = "JQK"
 FIRST_PLAYER_INFOSETS = ("J", "Q", "K", "Jcb", "Qcb", "Kcb")
 SECOND_PLAYER_INFOSETS = ("Jc", "Qc", "Kc", "Jb", "Qb", "Kb")
@@ -135,7 +137,6 @@ def kuhn_information_sets(env_id: str = "KuhnPoker-v0-train", max_seeds: int = 1
                 break
         else:
             raise RuntimeError(f"no seed below {max_seeds} deals {card} for information set {key!r}")
-        offered = observation.rsplit("Your available actions are:", 1)[1]
-        legal = tuple(re.findall(r"'(\[\w+\])'", offered))
+        legal = tuple(legal_moves(observation))
         aggressive = next(a for a in legal if a in AGGRESSIVE_ACTIONS)
         yield KuhnInfoSet(key, card, history, len(history) % 2, pid, seed, observation, legal, aggressive)

@@ -1,10 +1,11 @@
-"""Small-sample statistics for evaluation results: Wilson score intervals and win/draw/loss tallies."""
+"""Small-sample statistics for game results: Wilson score intervals, win/draw/loss tallies and their summary."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -70,3 +71,21 @@ class WDL:
     def loss_interval(self, z: float = 1.96) -> tuple[float, float]:
         """Wilson interval for the loss rate."""
         return wilson_interval(self.losses, self.n, z)
+
+
+def wdl_summary(outcomes: Iterable[str]) -> dict[str, Any]:
+    """Counts, rates and 95% Wilson intervals of 'win' / 'draw' / 'loss' outcomes, JSON-ready: games, wins,
+    draws, losses, win_rate, draw_rate, loss_rate and win_ci, draw_ci, loss_ci as [low, high] lists."""
+    wdl = WDL.from_outcomes(outcomes)
+    return {
+        "games": wdl.n,
+        "wins": wdl.wins,
+        "draws": wdl.draws,
+        "losses": wdl.losses,
+        "win_rate": wdl.win_rate,
+        "draw_rate": wdl.draw_rate,
+        "loss_rate": wdl.loss_rate,
+        "win_ci": list(wdl.win_interval()),
+        "draw_ci": list(wdl.draw_interval()),
+        "loss_ci": list(wdl.loss_interval()),
+    }

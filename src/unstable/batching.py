@@ -1,8 +1,13 @@
-"""From steps to tensors: exact token sequences, completion masks and token-budget micro-batches."""
+"""From steps to tensors: exact token sequences, completion masks and token-budget micro-batches.
+
+The layer between the records and the algorithms: `pack_micro_batches` groups a batch's rows by length and
+`collate` turns one group into a `TokenBatch` that remembers which rows of the original batch it holds
+(`TokenBatch.rows`), so a caller can put per-row results back in input order without tricks.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -11,24 +16,28 @@ from unstable.records import Step
 
 @dataclass
 class TokenBatch:
-    """Right-padded `prompt + completion` sequences; every `(B, L-1)` tensor is aligned to the targets."""
+    """Right-padded `prompt + completion` sequences; every `(B, L-1)` tensor is aligned to the targets.
+
+    `rows[b]` is the index, in the list of steps the batch was cut from, of row `b`.
+    """
 
     input_ids: torch.Tensor  # (B, L)
     attention_mask: torch.Tensor  # (B, L)
     completion_mask: torch.Tensor  # (B, L-1) 1.0 where the target token is a (kept) completion token
     behaviour_logprobs: torch.Tensor  # (B, L-1) sampling-policy log-prob of each target, 0 elsewhere
     rewards: torch.Tensor  # (B,)
+    rows: torch.Tensor  # (B,) long, indices into the original list of steps
     steps: list[Step]
 
     def to(self, device: str) -> TokenBatch:
-        """Move the tensors to `device`."""
-        return TokenBatch(
-            self.input_ids.to(device),
-            self.attention_mask.to(device),
-            self.completion_mask.to(device),
-            self.behaviour_logprobs.to(device),
-            self.rewards.to(device),
-            self.steps,
+        """The batch with its tensors on `device` (`rows` stays on the CPU, it indexes Python lists)."""
+        return replace(
+            self,
+            input_ids=self.input_ids.to(device),
+            attention_mask=self.attention_mask.to(device),
+            completion_mask=self.completion_mask.to(device),
+            behaviour_logprobs=self.behaviour_logprobs.to(device),
+            rewards=self.rewards.to(device),
         )
 
 
@@ -38,8 +47,13 @@ def sequence_length(step: Step, max_train_len: int | None) -> int:
     return full if max_train_len is None else min(full, max_train_len)
 
 
-def collate(steps: list[Step], pad_id: int, max_train_len: int | None = None) -> TokenBatch:
-    """Build a TokenBatch. Sequences longer than `max_train_len` keep their first tokens (the seed's rule)."""
+def collate(
+    steps: list[Step], pad_id: int, max_train_len: int | None = None, rows: list[int] | None = None
+) -> TokenBatch:
+    """Build a TokenBatch of `steps` (whose indices in the caller's list are `rows`, default 0..B-1).
+
+    Sequences longer than `max_train_len` keep their first tokens (the seed's rule).
+    """
     length = max(sequence_length(s, max_train_len) for s in steps)
     batch = len(steps)
     input_ids = torch.full((batch, length), pad_id, dtype=torch.long)  # (B, L)
@@ -47,9 +61,8 @@ def collate(steps: list[Step], pad_id: int, max_train_len: int | None = None) ->
     completion = torch.zeros((batch, length - 1))  # (B, L-1)
     behaviour = torch.zeros((batch, length - 1))  # (B, L-1)
     for row, step in enumerate(steps):
-        tokens = (list(step.prompt_token_ids) + list(step.completion_token_ids))[:length]
         kept = sequence_length(step, max_train_len)
-        tokens = tokens[:kept]
+        tokens = (list(step.prompt_token_ids) + list(step.completion_token_ids))[:kept]
         input_ids[row, :kept] = torch.tensor(tokens)
         attention[row, :kept] = 1
         first = len(step.prompt_token_ids)  # index of the first completion token in the sequence
@@ -59,7 +72,8 @@ def collate(steps: list[Step], pad_id: int, max_train_len: int | None = None) ->
             completion[row, first - 1 : first - 1 + n_completion] = 1.0
             behaviour[row, first - 1 : first - 1 + n_completion] = torch.tensor(step.behaviour_logprobs[:n_completion])
     rewards = torch.tensor([s.reward for s in steps], dtype=torch.float32)  # (B,)
-    return TokenBatch(input_ids, attention, completion, behaviour, rewards, list(steps))
+    indices = torch.tensor(list(range(batch)) if rows is None else rows, dtype=torch.long)  # (B,)
+    return TokenBatch(input_ids, attention, completion, behaviour, rewards, indices, list(steps))
 
 
 def decision_positions(batch: TokenBatch) -> torch.Tensor:
@@ -75,22 +89,38 @@ def decision_positions(batch: TokenBatch) -> torch.Tensor:
 
 def pack_micro_batches(
     steps: list[Step], token_budget: int, max_rows: int | None = None, max_train_len: int | None = None
-) -> list[list[Step]]:
-    """Split steps into micro-batches whose padded size (rows x longest) stays within `token_budget`.
+) -> list[list[int]]:
+    """Split `steps` into micro-batches whose padded size (rows x longest) stays within `token_budget`.
 
-    Steps are sorted by length first so padding is small; a single step longer than the budget gets a
-    micro-batch of its own.
+    Returns lists of indices into `steps`. Indices are sorted by sequence length first so padding is small;
+    a single step longer than the budget gets a micro-batch of its own.
     """
-    ordered = sorted(steps, key=lambda s: sequence_length(s, max_train_len))
-    groups: list[list[Step]] = []
-    current: list[Step] = []
-    for step in ordered:
-        longest = sequence_length(step, max_train_len)  # sorted: the newcomer is the longest
+    order = sorted(range(len(steps)), key=lambda i: sequence_length(steps[i], max_train_len))
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for index in order:
+        longest = sequence_length(steps[index], max_train_len)  # sorted: the newcomer is the longest
         too_many = max_rows is not None and len(current) >= max_rows
         if current and (too_many or (len(current) + 1) * longest > token_budget):
             groups.append(current)
             current = []
-        current.append(step)
+        current.append(index)
     if current:
         groups.append(current)
     return groups
+
+
+def micro_batches(
+    steps: list[Step],
+    pad_id: int,
+    token_budget: int,
+    *,
+    max_rows: int | None = None,
+    max_train_len: int | None = None,
+    device: str = "cpu",
+) -> list[TokenBatch]:
+    """`steps` packed by `pack_micro_batches`, collated with their row indices and moved to `device`."""
+    return [
+        collate([steps[i] for i in group], pad_id, max_train_len, rows=group).to(device)
+        for group in pack_micro_batches(steps, token_budget, max_rows, max_train_len)
+    ]

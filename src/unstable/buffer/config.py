@@ -1,0 +1,50 @@
+"""The StepBuffer's settings: its size and the three reward-transform stages, each a list of registry names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from unstable.settings import Settings, check_registered
+
+
+class TransformConfig(Settings):
+    """A reward transform by registry name (`unstable.rewards.TRANSFORMS`) with its keyword arguments."""
+
+    name: str
+    args: dict[str, Any] = {}
+
+    @field_validator("name")
+    @classmethod
+    def _known_transform(cls, value: str) -> str:
+        from unstable.rewards import TRANSFORMS
+
+        return check_registered(value, TRANSFORMS, "reward transform")
+
+
+class BufferConfig(Settings):
+    """StepBuffer size and the final, step and sampling reward-transform stages (applied in list order)."""
+
+    max_buffer_size: int = Field(768, ge=1, description="most steps held; the oldest are dropped first")
+    final_reward_transforms: list[TransformConfig] = [TransformConfig(name="WinDrawLossFormatter")]
+    step_reward_transforms: list[TransformConfig] = []
+    sampling_reward_transforms: list[TransformConfig] = []
+
+    def transform_stages(self) -> dict[str, Any]:
+        """The StepBuffer's `*_reward_transformation` arguments built from the registry (an empty stage: None)."""
+        from unstable.rewards import (
+            ComposeFinalRewardTransforms,
+            ComposeSamplingRewardTransforms,
+            ComposeStepRewardTransforms,
+            build_transform,
+        )
+
+        def stage(items: list[TransformConfig], compose):
+            return compose([build_transform(t.name, t.args) for t in items]) if items else None
+
+        return {
+            "final_reward_transformation": stage(self.final_reward_transforms, ComposeFinalRewardTransforms),
+            "step_reward_transformation": stage(self.step_reward_transforms, ComposeStepRewardTransforms),
+            "sampling_reward_transformation": stage(self.sampling_reward_transforms, ComposeSamplingRewardTransforms),
+        }

@@ -1,0 +1,79 @@
+"""The Collector's settings: which games, how many at once, and who the evaluation games are against."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from unstable.games.episode import DEFAULT_MAX_TURNS
+from unstable.records import EnvSpec
+from unstable.settings import Settings
+
+
+class EnvSpecConfig(Settings):
+    """One game: TextArena env id, player count, prompt template. YAML may also give `[id, players, template]`,
+    and code an `EnvSpec` record."""
+
+    env_id: str
+    num_players: int = Field(2, ge=1)
+    prompt_template: str = "qwen3-zs"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_list(cls, value: Any) -> Any:
+        if isinstance(value, EnvSpec):
+            return asdict(value)
+        if isinstance(value, (list, tuple)):
+            return dict(zip(("env_id", "num_players", "prompt_template"), value))
+        return value
+
+    @field_validator("env_id")
+    @classmethod
+    def _known_env(cls, value: str) -> str:
+        from unstable.games.registry import validate_env_id
+
+        return validate_env_id(value)
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _known_template(cls, value: str) -> str:
+        from unstable.games.templates import get_template
+
+        get_template(value)
+        return value
+
+    def to_spec(self) -> EnvSpec:
+        """The record the games code uses."""
+        return EnvSpec(self.env_id, self.num_players, self.prompt_template)
+
+
+class CollectorConfig(Settings):
+    """How many games run at once, which games, and the evaluation opponent."""
+
+    num_workers: int = Field(8, ge=1, description="training games in flight")
+    num_eval_workers: int = Field(0, ge=0, description="evaluation games in flight beside them")
+    max_turns: int = Field(DEFAULT_MAX_TURNS, ge=1, description="a game still running after this is a draw")
+    training_envs: list[EnvSpecConfig] = Field(min_length=1)
+    evaluation_envs: list[EnvSpecConfig] = Field([], description="empty: the training envs")
+    evaluation_opponent: str = Field("random", description="a scripted agent name or a checkpoint directory")
+    group_size: int = Field(
+        1, ge=1, description="continuations per training game branched from a copied decision state (1: off)"
+    )
+
+    @field_validator("evaluation_opponent")
+    @classmethod
+    def _known_opponent(cls, value: str) -> str:
+        from unstable.agents.seating import parse_opponent
+
+        parse_opponent(value)
+        return value
+
+    def training_specs(self) -> list[EnvSpec]:
+        """The training games as records."""
+        return [e.to_spec() for e in self.training_envs]
+
+    def evaluation_specs(self) -> list[EnvSpec]:
+        """The evaluation games as records (the training games when none are given)."""
+        return [e.to_spec() for e in self.evaluation_envs or self.training_envs]

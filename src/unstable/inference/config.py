@@ -1,0 +1,37 @@
+"""The inference servers' settings: backend, sampling, batching, adapters and resources."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from unstable.inference.base import SamplingConfig
+from unstable.settings import Settings, check_registered
+
+
+class InferenceConfig(Settings):
+    """The inference engine (`backend`, one of `inference.BACKENDS`), its sampling and its batching."""
+
+    backend: str = "transformers"
+    max_new_tokens: int = Field(64, ge=1)
+    temperature: float = Field(1.0, ge=0.0, description="0: greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_batch_size: int = Field(64, ge=1, description="requests per forward pass (transformers backend)")
+    batch_wait_ms: float = Field(5.0, ge=0.0, description="how long a batch waits for more requests")
+    max_loras: int = Field(4, ge=1, description="LoRA adapters resident at once")
+    max_model_len: int = Field(4096, ge=16)
+    num_threads: int | None = Field(1, ge=1, description="torch threads of the inference process")
+    num_gpus: float = Field(0.0, ge=0.0, description="GPUs of each inference actor")
+    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="vLLM's share of its GPU")
+    num_actors: int = Field(1, ge=1, description="inference server actors; the collector spreads requests over them")
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        from unstable.inference import BACKENDS
+
+        return check_registered(value, BACKENDS, "inference backend")
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """How completions are sampled."""
+        return SamplingConfig(self.max_new_tokens, self.temperature, self.top_p)

@@ -1,0 +1,70 @@
+"""The learner's settings: batching, optimisation, the policy model's shape (LoRA or full) and the algorithm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from unstable.settings import Settings, check_registered
+
+
+class LoraConfig(Settings):
+    """LoRA adapter shape (the seed's `lora_cfg` keys)."""
+
+    lora_rank: int = Field(16, ge=1)
+    lora_alpha: float = Field(32, gt=0)
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class AlgorithmConfig(Settings):
+    """The learning algorithm by registry name (`unstable.algorithms.ALGORITHMS`) and its keyword arguments."""
+
+    name: str = "reinforce"
+    args: dict[str, Any] = {}
+
+    @field_validator("name")
+    @classmethod
+    def _known_algorithm(cls, value: str) -> str:
+        from unstable.algorithms import ALGORITHMS
+
+        return check_registered(value, ALGORITHMS, "algorithm")
+
+    def build(self):
+        """A fresh instance of the configured algorithm."""
+        from unstable.algorithms import ALGORITHMS
+
+        return ALGORITHMS[self.name](**self.args)
+
+
+class LearnerConfig(Settings):
+    """Batching, optimisation and the trained weights; `lora: null` fine-tunes every weight."""
+
+    num_steps: int = Field(10, ge=1, description="learner updates in a run")
+    batch_size: int = Field(32, ge=1, description="steps per update")
+    mini_batch_size: int | None = Field(None, ge=1, description="most rows in one micro-batch (None: no limit)")
+    micro_batch_tokens: int = Field(8192, ge=1, description="padded tokens per micro-batch")
+    learning_rate: float = Field(1e-5, gt=0.0)
+    grad_clip: float = Field(1.0, gt=0.0, description="clip_grad_norm_ threshold")
+    max_train_len: int | None = Field(None, ge=2, description="train on the first tokens of longer sequences")
+    lora: LoraConfig | None = LoraConfig()
+    initial_lora_path: str | None = Field(None, description="start from this adapter (or full model with lora: null)")
+    gradient_checkpointing: bool = False
+    num_threads: int | None = Field(1, ge=1, description="torch threads of the learner process")
+    num_gpus: float = Field(0.0, ge=0.0, description="GPUs of the learner actor; > 0 puts the model on cuda")
+    max_staleness: int | None = Field(
+        None, ge=0, description="drop samples from policies more than this many updates old (None: keep all)"
+    )
+    poll_interval_s: float = Field(0.05, gt=0.0, description="how often the loop asks the buffer for a batch")
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+
+    @property
+    def device(self) -> str:
+        """Where the model trains: `cuda` when the learner is given GPUs, else `cpu`."""
+        return "cuda" if self.num_gpus else "cpu"
+
+    @property
+    def checkpoint_kind(self) -> str:
+        """'lora' for adapter checkpoints, 'full' for whole models."""
+        return "lora" if self.lora is not None else "full"

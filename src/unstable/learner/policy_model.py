@@ -1,0 +1,143 @@
+"""The policy model: a causal LM loaded for training (a LoRA adapter or every weight), its token log-probs at
+the sampling temperature, and atomic checkpoints the inference engines load."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from unstable.batching import TokenBatch, decision_positions, micro_batches
+from unstable.learner.config import LearnerConfig
+from unstable.records import Step
+from unstable.trainable import PolicyOutput
+
+
+class PolicyModel:
+    """`model_path` with LoRA (`cfg.lora`) or fully trainable (`cfg.lora is None`), on `cfg.device`.
+
+    `temperature` must be the inference engine's, so `forward`'s log-probs and the recorded behaviour log-probs
+    are taken from the same distribution. Nothing heavy happens before `load()`.
+    """
+
+    def __init__(self, model_path: str, cfg: LearnerConfig, *, dtype: str = "float32", temperature: float = 1.0):
+        self.model_path = model_path
+        self.cfg = cfg
+        self.dtype = dtype
+        self.temperature = temperature or 1.0  # greedy sampling reports temperature-1 log-probs
+        self.device = cfg.device
+        self.model = None
+        self.tokenizer = None
+
+    def load(self) -> None:
+        """Load the tokenizer and model, wrap LoRA, move to the device. Idempotent."""
+        if self.model is not None:
+            return
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if self.cfg.num_threads:
+            torch.set_num_threads(self.cfg.num_threads)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, self.dtype))
+        if self.cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        self.model = self._wrap_lora(model).to(self.device)
+        self.model.train()
+
+    def _wrap_lora(self, model):
+        lora = self.cfg.lora
+        if lora is None:
+            return model
+        from peft import LoraConfig, PeftModel, get_peft_model
+
+        if self.cfg.initial_lora_path:
+            return PeftModel.from_pretrained(model, self.cfg.initial_lora_path, is_trainable=True)
+        peft_cfg = LoraConfig(
+            r=lora.lora_rank,
+            lora_alpha=lora.lora_alpha,
+            lora_dropout=lora.lora_dropout,
+            target_modules=list(lora.target_modules),
+            task_type="CAUSAL_LM",
+        )
+        return get_peft_model(model, peft_cfg)
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of the decision-state encodings."""
+        return self.model.config.hidden_size
+
+    @property
+    def pad_id(self) -> int:
+        """The id that pads sequences (the tokenizer's pad token, else 0)."""
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The weights an optimizer updates: LoRA weights, or every weight when fully fine-tuning."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def micro_batches(self, steps: list[Step]) -> list[TokenBatch]:
+        """Token-budget micro-batches of `steps` on the device; `TokenBatch.rows` index into `steps`."""
+        cfg = self.cfg
+        return micro_batches(
+            steps,
+            self.pad_id,
+            cfg.micro_batch_tokens,
+            max_rows=cfg.mini_batch_size,
+            max_train_len=cfg.max_train_len,
+            device=self.device,
+        )
+
+    def forward(self, batch: TokenBatch, *, encodings: bool = False, entropy: bool = False) -> PolicyOutput:
+        """Token log-probs `log softmax(logits / temperature)[target]`, plus encodings or entropies on request."""
+        outputs = self.model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=encodings
+        )
+        logits = outputs.logits[:, :-1].float() / self.temperature  # (B, L-1, V)
+        logprobs_all = torch.log_softmax(logits, dim=-1)  # (B, L-1, V)
+        targets = batch.input_ids[:, 1:]  # (B, L-1)
+        result = PolicyOutput(logprobs_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1))  # (B, L-1)
+        if encodings:
+            hidden = outputs.hidden_states[-1]  # (B, L, H)
+            rows = torch.arange(hidden.shape[0], device=hidden.device)  # (B,)
+            result.encodings = hidden[rows, decision_positions(batch)].float()  # (B, H)
+        if entropy:
+            result.entropy = -(logprobs_all.exp() * logprobs_all).sum(-1)  # (B, L-1)
+        return result
+
+    @torch.no_grad()
+    def completion_logprobs(self, steps: list[Step]) -> list[float]:
+        """Each step's completion log-probability (summed over its tokens) under the model, in input order."""
+        totals = torch.zeros(len(steps))
+        for batch in self.micro_batches(steps):
+            sums = (self.forward(batch).logprobs * batch.completion_mask).sum(-1)  # (b,)
+            totals[batch.rows] = sums.cpu()
+        return totals.tolist()
+
+    def save(self, directory: str | os.PathLike) -> str:
+        """Write the adapter (or the whole model with its tokenizer) to `directory` atomically; return it."""
+        final = Path(directory)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.model.save_pretrained(tmp)
+        if self.cfg.lora is None:
+            self.tokenizer.save_pretrained(tmp)
+        if final.exists():  # a re-run into the same directory replaces the old checkpoint
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        return str(final)
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """Copies of the trainable weights by name (what an update changes)."""
+        return {name: p.detach().clone() for name, p in self.model.named_parameters() if p.requires_grad}
+
+    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Overwrite the trainable weights with `state` (from `trainable_state`); names must match exactly."""
+        params = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
+        if set(params) != set(state):
+            missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+            raise ValueError(f"trainable weights do not match: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        with torch.no_grad():
+            for name, value in state.items():
+                params[name].copy_(value)

@@ -1,0 +1,45 @@
+"""The opponent pool's settings: how opponents are sampled, which fixed opponents exist, how games are rated."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator, model_validator
+
+from unstable.settings import Settings, check_registered
+
+
+class PoolConfig(Settings):
+    """Opponent sampling (`sample_mode`, one of `pool.SAMPLE_MODES`) and ratings (`pool.RATING_BACKENDS`)."""
+
+    sample_mode: str = "mirror"
+    fixed_opponents: list[str] = Field([], description="scripted agent names or checkpoint directories")
+    max_active_lora: int = Field(3, ge=1, description="newest checkpoints that may be sampled as opponents")
+    rating_backend: str = "openskill"
+
+    @field_validator("sample_mode")
+    @classmethod
+    def _known_mode(cls, value: str) -> str:
+        from unstable.pool.model_pool import SAMPLE_MODES
+
+        return check_registered(value, SAMPLE_MODES, "sample_mode")
+
+    @field_validator("rating_backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        from unstable.pool.ratings import RATING_BACKENDS
+
+        return check_registered(value, RATING_BACKENDS, "rating_backend")
+
+    @field_validator("fixed_opponents")
+    @classmethod
+    def _known_opponents(cls, value: list[str]) -> list[str]:
+        from unstable.agents.seating import parse_opponent
+
+        for name in value:
+            parse_opponent(name)
+        return value
+
+    @model_validator(mode="after")
+    def _fixed_needs_opponents(self) -> PoolConfig:
+        if self.sample_mode == "fixed" and not self.fixed_opponents:
+            raise ValueError("sample_mode 'fixed' needs at least one entry in fixed_opponents")
+        return self

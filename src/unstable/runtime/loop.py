@@ -1,0 +1,65 @@
+"""The learner loop: wait for a batch, update, save the checkpoint, register it with the pool, log a row.
+
+The loop is the only part of learning that talks to other components; the `Learner` it holds only updates
+weights. It is plain Python: tests run it in-process with plain components, and `runtime.topology` runs it
+as the `Learner` Ray actor with proxies to the others.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from unstable.learner import Learner
+from unstable.records import Step
+from unstable.tracking import keys
+
+
+class LearnerLoop:
+    """Drives `learner` with batches from `step_buffer`; checkpoints go to `run_dir/checkpoints/ckpt-<step>`."""
+
+    def __init__(self, learner: Learner, step_buffer, model_pool, tracker, run_dir: str):
+        self.learner = learner
+        self.step_buffer = step_buffer
+        self.model_pool = model_pool
+        self.tracker = tracker
+        self.run_dir = Path(run_dir)
+
+    def initialize(self) -> None:
+        """Load the model and build the optimizer (the heavy start-up, separate from construction)."""
+        self.learner.initialize()
+
+    def train(self, num_steps: int) -> list[dict[str, Any]]:
+        """Run `num_steps` updates; returns the tracker's row of each.
+
+        With `max_staleness` set, steps sampled more than that many updates ago are dropped from each batch
+        (counted as `learner/stale_dropped`); a batch left empty is replaced by the next one.
+        """
+        self.learner.initialize()
+        rows = []
+        for _ in range(num_steps):
+            steps, waited, dropped = self._wait_for_batch()
+            metrics = self.learner.train_step(steps)
+            directory = self.run_dir / "checkpoints" / f"ckpt-{self.learner.step}"
+            path = self.learner.save_checkpoint(str(directory))
+            self.model_pool.add_checkpoint(
+                path=path, iteration=self.learner.step, kind=self.learner.cfg.checkpoint_kind
+            )
+            metrics |= {keys.WAIT_SECONDS: waited, keys.STALE_DROPPED: dropped}
+            rows.append(self.tracker.log(metrics))
+        return rows
+
+    def _wait_for_batch(self) -> tuple[list[Step], float, int]:
+        """Block until the buffer yields a batch with fresh steps; returns them, the seconds waited and the
+        number of stale steps dropped on the way."""
+        cfg = self.learner.cfg
+        start = time.perf_counter()
+        dropped = 0
+        while True:
+            while self.step_buffer.size() < cfg.batch_size:
+                time.sleep(cfg.poll_interval_s)
+            steps, stale = self.learner.drop_stale(self.step_buffer.get_batch(cfg.batch_size))
+            dropped += stale
+            if steps:
+                return steps, time.perf_counter() - start, dropped

@@ -1,0 +1,27 @@
+"""The base of every component's settings, and the one check that a name is in a registry.
+
+Each component declares its settings once, as a pydantic model in its own folder (`pool/config.py`,
+`learner/config.py`, ...), and takes that model whole; `unstable.config` nests them into a run config.
+Each choice (algorithm, reward transform, sampling mode, opponent, backend) lives in one registry, and
+validation reads the registry, so the allowed values are never written down twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Settings(BaseModel):
+    """Strict settings: an unknown key is an error naming it, so a typo never falls back to a default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def check_registered(value: str, registry: Iterable[str], what: str) -> str:
+    """`value` if `registry` holds it, else a ValueError naming the value and the valid names."""
+    names = sorted(registry)
+    if value not in names:
+        raise ValueError(f"unknown {what} {value!r}; valid: {names}")
+    return value

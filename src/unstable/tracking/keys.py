@@ -1,0 +1,78 @@
+"""Every metric name, once: producers and consumers (CLI, dashboard, reports, tests) import these.
+
+Names are namespaced by the component that produces them (`learner/...`, `collector/...`, `inference/...`,
+`buffer/...`, `pool/...`, `eval/...`). Each row of `metrics.jsonl` holds them under these exact keys.
+"""
+
+# learner: one row per update
+STEP = "learner/step"
+LOSS = "learner/loss"  # the total loss the algorithm minimised (every algorithm reports it)
+PG_LOSS = "learner/pg_loss"
+VALUE_LOSS = "learner/value_loss"
+KL_LOSS = "learner/kl_loss"
+ENTROPY_LOSS = "learner/entropy_loss"
+AWR_LOSS = "learner/awr_loss"
+VALUE_MSE = "learner/value_mse"
+VF_PRE_LOSS = "learner/vf_pre_loss"
+VF_POST_LOSS = "learner/vf_post_loss"
+VALUE_MEAN = "learner/value_mean"
+GRAD_NORM = "learner/grad_norm"
+APPROX_KL = "learner/approx_kl"
+CLIP_FRACTION = "learner/clip_fraction"
+KL_COEF = "learner/kl_coef"
+RHO_MEAN = "learner/rho_mean"
+AWR_WEIGHT_MAX = "learner/awr_weight_max"
+GROUPED_FRACTION = "learner/grouped_fraction"
+RATIO_MEAN = "learner/ratio_mean"
+RATIO_MAX = "learner/ratio_max"
+BATCH_SIZE = "learner/batch_size"
+MEAN_REWARD = "learner/mean_reward"
+MEAN_COMPLETION_TOKENS = "learner/mean_completion_tokens"
+STALENESS_MEAN = "learner/staleness_mean"
+STALENESS_MAX = "learner/staleness_max"
+STALE_DROPPED = "learner/stale_dropped"
+UPDATE_SECONDS = "learner/update_seconds"
+WAIT_SECONDS = "learner/wait_seconds"
+TRAIN_TOKENS_PER_S = "learner/tokens_per_s"
+
+# collector: aggregates over the games finished since the previous row
+GAMES_PER_S = "collector/games_per_s"
+GAME_TOKENS_PER_S = "collector/tokens_per_s"
+TRAIN_GAMES = "collector/train_games"
+FAILED_GAMES = "collector/failed_games"
+MEAN_TURNS = "collector/mean_turns"
+FORMAT_OK_RATE = "collector/format_ok_rate"
+INVALID_MOVE_RATE = "collector/invalid_move_rate"
+
+# evaluation games finished since the previous row
+EVAL_GAMES = "eval/games"
+EVAL_WIN_RATE = "eval/win_rate"
+EVAL_DRAW_RATE = "eval/draw_rate"
+EVAL_LOSS_RATE = "eval/loss_rate"
+EVAL_WIN_LOW = "eval/win_low"
+EVAL_WIN_HIGH = "eval/win_high"
+
+# inference servers, summed over actors
+INFERENCE_REQUESTS = "inference/requests"
+INFERENCE_BATCHES = "inference/batches"
+INFERENCE_GENERATED_TOKENS = "inference/generated_tokens"
+INFERENCE_TOKENS_PER_S = "inference/tokens_per_s"
+INFERENCE_MEAN_BATCH_SIZE = "inference/mean_batch_size"
+INFERENCE_BUSY_FRACTION = "inference/busy_fraction"
+
+# step buffer
+BUFFER_SIZE = "buffer/size"
+BUFFER_GAMES_ADDED = "buffer/games_added"
+BUFFER_GAMES_SKIPPED = "buffer/games_skipped"
+BUFFER_STEPS_ADDED = "buffer/steps_added"
+BUFFER_STEPS_DROPPED = "buffer/steps_dropped"
+
+# opponent pool
+POOL_GAMES_RATED = "pool/games_rated"
+POOL_CHECKPOINTS = "pool/checkpoints"
+POOL_LATEST_MU = "pool/latest_mu"
+POOL_LATEST_SIGMA = "pool/latest_sigma"
+POOL_LADDER = "pool/ladder"  # [{"agent", "mu", "sigma", "conservative"}], best conservative score first
+
+# the row itself
+TIME = "time"

@@ -1,0 +1,49 @@
+"""The interface an algorithm trains through: the learner implements it, algorithms depend only on it.
+
+An algorithm never sees the learner object, its model or its optimizer. It asks for micro-batches, runs
+`forward` to get token log-probs (and, on request, decision-state encodings or token entropies), calls
+`backward` on its own losses, and decides when to `optimizer_step`. This keeps the import direction one way
+(records -> batching -> algorithms -> learner) and lets a test drive an algorithm with any object of this shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from unstable.batching import TokenBatch
+from unstable.records import Step
+
+
+@dataclass
+class PolicyOutput:
+    """What one forward pass gives an algorithm; every tensor is aligned to `TokenBatch`'s targets."""
+
+    logprobs: torch.Tensor  # (B, L-1) log softmax(logits / temperature) of each target token
+    encodings: torch.Tensor | None = None  # (B, H) float32 hidden state at each row's decision (last prompt token)
+    entropy: torch.Tensor | None = None  # (B, L-1) entropy of each next-token distribution
+
+
+class TrainablePolicy(Protocol):
+    """A policy model with an optimizer behind it, as the algorithms see it."""
+
+    device: str
+    hidden_size: int
+
+    def micro_batches(self, steps: list[Step]) -> list[TokenBatch]:
+        """Token-budget micro-batches of `steps` on the device; `TokenBatch.rows` index into `steps`."""
+
+    def forward(self, batch: TokenBatch, *, encodings: bool = False, entropy: bool = False) -> PolicyOutput:
+        """Token log-probs of `batch` (with gradients unless under `torch.no_grad`), plus what is asked for."""
+
+    def track_ratios(self, logprobs: torch.Tensor, batch: TokenBatch) -> None:
+        """Record the importance ratios `exp(logprobs - behaviour)` of the batch's completion tokens."""
+
+    def add_parameters(self, params: Iterable[torch.nn.Parameter], lr: float | None = None) -> None:
+        """Train extra parameters (a value head) with the same optimizer, at `lr` if given."""
+
+    def optimizer_step(self) -> float:
+        """Clip, step and zero the gradients; return the pre-clip gradient norm."""

@@ -1,0 +1,85 @@
+"""The package's shape: imports run one way, from records up to the command line.
+
+Each top-level module or folder of `unstable` sits on a layer; a module may import its own layer and the
+layers below, never one above. Imports inside functions count too (they are how heavy dependencies load
+lazily, not a way around the layering). `docs/architecture.md` draws the same layers.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "unstable"
+
+LAYERS = [
+    {"records", "settings"},
+    {"batching", "trainable", "rl", "tracking", "games", "agents"},
+    {"models", "inference", "rewards", "reward_transformations"},
+    {"buffer", "pool", "collector"},
+    {"algorithms"},
+    {"learner"},
+    {"evaluation"},
+    {"config"},
+    {"runtime"},
+    {"cli", "__init__"},
+]
+LAYER_OF = {part: level for level, parts in enumerate(LAYERS) for part in parts}
+
+
+def _part(module: str) -> str:
+    """The top-level module or folder of `unstable` that `module` belongs to ('records' for unstable.records)."""
+    return module.split(".")[1] if "." in module else "__init__"
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """Every `unstable...` module that `module` imports anywhere in its body."""
+    names = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base]).strip(".")
+            names.add(base)
+    return {name for name in names if name == "unstable" or name.startswith("unstable.")}
+
+
+MODULES = _modules()
+
+
+def test_every_part_of_the_package_has_a_layer():
+    assert {_part(m) for m in MODULES} <= set(LAYER_OF), "add new folders to LAYERS (and docs/architecture.md)"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_run_one_way(module):
+    level = LAYER_OF[_part(module)]
+    upward = sorted(i for i in _imports(module, MODULES[module]) if LAYER_OF[_part(i)] > level)
+    assert not upward, f"{module} (layer {level}) imports from a higher layer: {upward}"
+
+
+def test_no_algorithm_imports_the_learner():
+    for module, path in MODULES.items():
+        if module.startswith("unstable.algorithms"):
+            assert not {i for i in _imports(module, path) if i.startswith("unstable.learner")}, module
+
+
+def test_plain_logic_never_imports_ray():
+    """Ray appears only in the runtime's wiring; every component is a plain class the tests use directly."""
+    for module, path in MODULES.items():
+        if not module.startswith("unstable.runtime"):
+            tree = ast.parse(path.read_text())
+            imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+            imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+            assert not {name for name in imported if name == "ray" or name.startswith("ray.")}, module
