@@ -14,6 +14,7 @@ Run on demand (never from tests):
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/learning.py                  # Reinforce
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/learning.py --all-algorithms # every RL algorithm
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/learning.py --finetune lora --sample-mode lagged  # population
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from unstable.inference import InferenceConfig  # noqa: E402
 from unstable.learner import LearnerConfig, LoraConfig  # noqa: E402
 from unstable.learner.sft import run_sft  # noqa: E402
 from unstable.models.tiny import ensure_tiny_model  # noqa: E402
+from unstable.pool.config import PoolConfig  # noqa: E402
 from unstable.records import EnvSpec  # noqa: E402
 from unstable.runtime import train  # noqa: E402
 
@@ -65,6 +67,8 @@ class Settings:
     threads: int = os.cpu_count() or 1  # SFT and evaluation; in RL the learner and inference get half each
     finetune: str = "full"
     train_opponent: str = "random"  # half the RL games against this scripted agent; "mirror": self-play only
+    sample_mode: str = ""  # a pool sampling mode: population play among the learner's checkpoints (overrides the above)
+    pool_size: int = 4  # with --sample-mode: checkpoints kept active (lagged: the pool_size - 1 before the latest)
     temperature: float = 1.0
     max_new_tokens: int = 8
     lora_rank: int = 16
@@ -88,6 +92,10 @@ class Settings:
             raise ValueError(f"--finetune must be 'full' or 'lora', got {self.finetune!r}")
         if self.train_opponent != "mirror":
             make_scripted_agent(self.train_opponent, seed=0)  # an unknown name fails before any training
+        if self.sample_mode:
+            PoolConfig(**self.pool)  # an unknown mode or a bad pool size fails before any training
+            if self.full:
+                raise ValueError("--sample-mode plays past checkpoints, which needs --finetune lora")
 
     @property
     def full(self) -> bool:
@@ -99,8 +107,21 @@ class Settings:
         return (checkpoint, None) if self.full else (model, checkpoint)
 
     @property
+    def pool(self) -> dict[str, Any]:
+        """The RL runs' pool section."""
+        if self.sample_mode:
+            lag = {"lag": self.pool_size - 1} if self.sample_mode == "lagged" else {}
+            return {"sample_mode": self.sample_mode, "max_active_lora": self.pool_size, **lag}
+        if self.train_opponent == "mirror":
+            return {"sample_mode": "mirror"}
+        # each game draws the newest checkpoint (mirror self-play) or the scripted agent, with equal odds
+        return {"sample_mode": "random", "fixed_opponents": [self.train_opponent], "max_active_lora": 1}
+
+    @property
     def opponents_label(self) -> str:
         """Who the RL games are played against, in words."""
+        if self.sample_mode:
+            return f"population play, sample_mode {self.sample_mode} over {self.pool_size} checkpoints"
         if self.train_opponent == "mirror":
             return "mirror self-play"
         return f"half mirror self-play, half against {self.train_opponent}"
@@ -145,10 +166,6 @@ def warm_start(spec: EnvSpec, games: int, model: str, s: Settings) -> dict[str, 
 def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, s: Settings) -> dict[str, Any]:
     """The RunConfig (as a dict) of RL from the warm-start checkpoint `warm`."""
     base, adapter = s.policy(model, warm)
-    if s.train_opponent == "mirror":
-        pool = {"sample_mode": "mirror"}
-    else:  # each game draws the newest checkpoint (mirror self-play) or the scripted agent, with equal odds
-        pool = {"sample_mode": "random", "fixed_opponents": [s.train_opponent], "max_active_lora": 1}
     return {
         "run": {"name": f"rl-{spec.env_id}-{algorithm}", "dir": s.runs_dir, "seed": s.seed},
         "model": {"path": base},
@@ -165,7 +182,7 @@ def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, 
             # the group baseline needs groups: each game branches into G continuations at one decision
             "group_size": s.group_size if algorithm == "group_baseline" else 1,
         },
-        "pool": pool,
+        "pool": s.pool,
         "buffer": {
             "max_buffer_size": 2 * s.rl_batch_size,
             # the env's own rewards: TicTacToe +1/0/-1, single-hand Kuhn Poker the chips won (+-1, +-2)

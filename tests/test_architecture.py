@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "unstable"
 
 LAYERS = [
     {"records", "settings"},
-    {"batching", "trainable", "rl", "tracking", "games", "agents"},
+    {"batching", "trainable", "rl", "tracking", "dashboard", "games", "agents"},
     {"models", "inference", "rewards", "reward_transformations"},
     {"buffer", "pool", "collector"},
     {"algorithms"},
@@ -22,7 +22,7 @@ LAYERS = [
     {"evaluation"},
     {"config"},
     {"runtime"},
-    {"cli", "__init__"},
+    {"cli", "terminal_interface", "__init__"},
 ]
 LAYER_OF = {part: level for level, parts in enumerate(LAYERS) for part in parts}
 

@@ -57,3 +57,16 @@ def test_cli_reports_config_errors_without_traceback(tmp_path, capsys):
     bad.write_text("model: {path: m}\ncollector: {training_envs: [[Nope-v0, 2, qwen3-zs]]}\n")
     assert main(["train", str(bad)]) == 2
     assert "collector.training_envs.0.env_id = 'Nope-v0'" in capsys.readouterr().err
+
+
+def test_full_finetuning_refuses_a_pool_that_plays_past_checkpoints():
+    data = {
+        "model": {"path": "m"},
+        "collector": {"training_envs": [["TicTacToe-v0-train", 2, "qwen3-zs"]]},
+        "pool": {"sample_mode": "lagged", "max_active_lora": 3},
+        "learner": {"lora": None},
+    }
+    with pytest.raises(ConfigError, match="full fine-tuning .* serves only the newest one"):
+        validate_config(data)
+    data["learner"]["lora"] = {"lora_rank": 4}
+    assert validate_config(data).pool.sample_mode == "lagged"

@@ -74,7 +74,7 @@ def test_pool_mirror_fixed_and_ratings():
     assert fixed.sample_opponent().fixed == "random"
     with pytest.raises(ValueError, match="fixed_opponents"):
         PoolConfig(sample_mode="fixed")
-    with pytest.raises(ValueError, match=r"unknown sample_mode 'best'; valid: \['fixed', 'lagged', 'mirror'"):
+    with pytest.raises(ValueError, match=r"unknown sample_mode 'best'; valid: \['exploration', 'fixed', 'lagged'"):
         PoolConfig(sample_mode="best")
 
 
@@ -84,10 +84,22 @@ def test_pool_metrics_hold_the_rating_ladder():
     pool.record_game(_game({0: 1, 1: -1}, players={0: "ckpt--1", 1: "random"}))
     metrics = pool.metrics()
     assert metrics[keys.POOL_GAMES_RATED] == 1 and metrics[keys.POOL_CHECKPOINTS] == 1
+    assert metrics[keys.POOL_ACTIVE_CHECKPOINTS] == 1
     ladder = metrics[keys.POOL_LADDER]
     assert [entry["agent"] for entry in ladder] == ["ckpt--1", "random"]  # the winner ranks first
     assert ladder[0]["conservative"] == pytest.approx(ladder[0]["mu"] - 3 * ladder[0]["sigma"])
     assert metrics[keys.POOL_LATEST_MU] == ladder[0]["mu"]
+    assert ladder[0]["win_probability"] == pytest.approx(0.5)  # the latest against itself
+    assert ladder[1]["win_probability"] == pytest.approx(pool.ratings.win_probability("random", "ckpt--1"))
+    assert ladder[1]["win_probability"] < 0.5
+    assert ladder[1]["match_quality"] == pytest.approx(pool.ratings.match_quality("random", "ckpt--1"))
+    assert metrics[keys.POOL_MATCH_MATRIX]["random"]["ckpt--1"] == {
+        "games": 1,
+        "wins": 0,
+        "draws": 0,
+        "losses": 1,
+        "win_rate": 0.0,
+    }
 
 
 def test_failed_game_changes_no_rating():

@@ -196,7 +196,7 @@ def test_make_scripted_agent_names_and_errors():
 
 def test_parse_opponent_scripted_names_and_errors():
     assert parse_opponent("kuhn-nash:alpha=0.2") == Opponent("kuhn-nash:alpha=0.2", fixed="kuhn-nash:alpha=0.2")
-    with pytest.raises(ValueError, match="neither a scripted agent .*random.* nor a directory"):
+    with pytest.raises(ValueError, match="a scripted agent .*random.* or an API model 'org/model'"):
         parse_opponent("alphago")
     with pytest.raises(ValueError, match="bad parameter"):
         parse_opponent("random:temperature=2")

@@ -1,9 +1,11 @@
 """unstable-baselines: asynchronous, online, multi-agent RL that trains language models by self-play.
 
-The public names follow the seed documents: `Collector`, `ModelPool`, `StepBuffer`, `Tracker`,
-`algorithms.Reinforce` and `reward_transformations`; the learner is `Learner` around a `PolicyModel`. Each is a
-plain class; `unstable.runtime` runs them as Ray actors. Heavy dependencies (torch, transformers, vLLM, Ray)
-load only when used.
+The public names follow the seed documents. `Tracker`, `StepBuffer`, `ModelPool`, `Collector` and
+`StandardLearner` are Ray actor classes with the seed's keyword arguments (`unstable.Tracker.options(
+name="Tracker").remote(run_name="demo")`); the plain classes they wrap live in their folders
+(`unstable.tracking.Tracker`, `unstable.buffer.StepBuffer`, ...) and run without Ray. `algorithms.Reinforce`
+and `reward_transformations` are as in the seed. Heavy dependencies (torch, transformers, vLLM, Ray) load only
+when used.
 """
 
 from importlib import import_module
@@ -12,16 +14,17 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Collector": "unstable.collector",
-    "ModelPool": "unstable.pool",
-    "StepBuffer": "unstable.buffer",
-    "Learner": "unstable.learner",
-    "PolicyModel": "unstable.learner",
-    "Tracker": "unstable.tracking",
-    "EnvSpec": "unstable.records",
-    "Step": "unstable.records",
-    "GameRecord": "unstable.records",
-    "play_episode": "unstable.games",
+    "Tracker": ("unstable.runtime.actors", "TrackerActor"),
+    "StepBuffer": ("unstable.runtime.actors", "StepBufferActor"),
+    "ModelPool": ("unstable.runtime.actors", "ModelPoolActor"),
+    "Collector": ("unstable.runtime.actors", "CollectorActor"),
+    "StandardLearner": ("unstable.runtime.actors", "LearnerActor"),
+    "Learner": ("unstable.learner", "Learner"),
+    "PolicyModel": ("unstable.learner", "PolicyModel"),
+    "EnvSpec": ("unstable.records", "EnvSpec"),
+    "Step": ("unstable.records", "Step"),
+    "GameRecord": ("unstable.records", "GameRecord"),
+    "play_episode": ("unstable.games", "play_episode"),
 }
 _SUBMODULES = ("algorithms", "reward_transformations")
 
@@ -30,7 +33,8 @@ __all__ = [*_EXPORTS, *_SUBMODULES]
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
+        module, attribute = _EXPORTS[name]
+        return getattr(import_module(module), attribute)
     if name in _SUBMODULES:
         return import_module(f"unstable.{name}")
     raise AttributeError(f"module 'unstable' has no attribute {name!r}")

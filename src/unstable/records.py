@@ -40,11 +40,13 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class Opponent:
-    """Who fills a seat: a policy checkpoint served by the inference engine, or a scripted/fixed agent."""
+    """Who fills a seat: a policy checkpoint served by the inference engine, a scripted/fixed agent, or a model
+    behind an OpenAI-compatible chat-completions endpoint (`api_model`, e.g. 'google/gemini-2.0-flash-lite-001')."""
 
     agent_id: str
     checkpoint: Checkpoint | None = None
     fixed: str | None = None
+    api_model: str | None = None
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ class StepBuffer:
             keys.BUFFER_STEPS_DROPPED: 0,
         }
         self._rng = random.Random(seed)
+        self._collecting = True
 
     @classmethod
     def from_config(cls, cfg: BufferConfig, seed: int = 0) -> StepBuffer:
@@ -68,6 +69,14 @@ class StepBuffer:
         self.counters[keys.BUFFER_GAMES_ADDED] += 1
         self.counters[keys.BUFFER_STEPS_ADDED] += added
         return added
+
+    def stop_collection(self) -> None:
+        """Tell the collector to start no new games (the learner calls this when its last update is done)."""
+        self._collecting = False
+
+    def collection_stopped(self) -> bool:
+        """True after `stop_collection()`."""
+        return not self._collecting
 
     def size(self) -> int:
         """Steps currently stored."""

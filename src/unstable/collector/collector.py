@@ -73,7 +73,7 @@ class Collector:
                     counts[kind] += 1
                     if future.exception() is not None:
                         log.error("game worker crashed: %r", future.exception())
-                    if not self._stop.is_set():
+                    if not self._stopping():
                         in_flight[pool.submit(self.play_one, kind == "eval")] = kind
         return counts
 
@@ -88,25 +88,30 @@ class Collector:
         """Let running games finish and start no new ones."""
         self._stop.set()
 
+    def _stopping(self) -> bool:
+        """True once `stop()` was called or the learner told the buffer that collection is over."""
+        return self._stop.is_set() or self.step_buffer.collection_stopped()
+
     def play_one(self, is_eval: bool) -> GameRecord:
-        """Play one game (training: latest checkpoint vs a pool opponent; eval: vs the eval opponent)."""
+        """Play one game (training: latest checkpoint vs pool opponents; eval: vs the eval opponent in every
+        other seat). Any number of players: 1-player games have no opponent, n-player games one per other seat."""
         index = next(self._game_counter)
         envs = self.evaluation_envs if is_eval else self.training_envs
         spec = envs[index % len(envs)]
         if is_eval:
-            learner = self.model_pool.latest()
-            opponent = self.evaluation_opponent
+            learner, opponents = self.model_pool.latest(), [self.evaluation_opponent] * (spec.num_players - 1)
         else:
-            learner, opponent = self.model_pool.sample_match()
+            learner, opponents = self.model_pool.sample_match(spec.num_players - 1)
         seed = self.seed * 1_000_003 + index
-        learner_seat = index % spec.num_players  # alternate seats
+        learner_seat = (index // len(envs)) % spec.num_players  # every env sees the learner in every seat
+        opponent_of = dict(zip((pid for pid in range(spec.num_players) if pid != learner_seat), opponents))
         template = get_template(spec.prompt_template)
         agents, learner_ids = seat_agents(
             spec,
             learner_seat,
             lambda: PolicyAgent(self.client, learner, template, self.tokenizer),
-            lambda pid: make_agent(opponent, self.client, template, self.tokenizer, seed=seed + pid),
-            mirror=not is_eval and opponent.checkpoint == learner,
+            lambda pid: make_agent(opponent_of[pid], self.client, template, self.tokenizer, seed=seed + pid),
+            mirror=not is_eval and bool(opponents) and all(o.checkpoint == learner for o in opponents),
         )
         options = {"max_turns": self.cfg.max_turns, "is_eval": is_eval, "learner_player_ids": learner_ids}
         if is_eval or self.cfg.group_size == 1:
@@ -116,6 +121,6 @@ class Collector:
         if not is_eval:
             for record in records:
                 self.step_buffer.add_game(record)
-            self.model_pool.record_game(records[0])
+        self.model_pool.record_game(records[0])  # eval games rate the learner against fixed opponents too
         self.tracker.add_game(summarize_game(records[0]))
         return records[0]

@@ -57,7 +57,9 @@ class CollectorConfig(Settings):
     max_turns: int = Field(DEFAULT_MAX_TURNS, ge=1, description="a game still running after this is a draw")
     training_envs: list[EnvSpecConfig] = Field(min_length=1)
     evaluation_envs: list[EnvSpecConfig] = Field([], description="empty: the training envs")
-    evaluation_opponent: str = Field("random", description="a scripted agent name or a checkpoint directory")
+    evaluation_opponent: str = Field(
+        "random", description="a scripted agent name, a checkpoint directory or an API model ('org/model')"
+    )
     group_size: int = Field(
         1, ge=1, description="continuations per training game branched from a copied decision state (1: off)"
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from unstable.buffer.config import BufferConfig
 from unstable.collector.config import CollectorConfig
@@ -63,6 +63,17 @@ class RunConfig(Settings):
     learner: LearnerConfig = LearnerConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
 
+    @model_validator(mode="after")
+    def _past_checkpoints_need_adapters(self) -> RunConfig:
+        pool = self.pool
+        if self.learner.lora is None and pool.sample_mode not in ("mirror", "fixed") and pool.max_active_lora > 1:
+            raise ValueError(
+                f"pool.sample_mode {pool.sample_mode!r} with max_active_lora {pool.max_active_lora} plays past "
+                "checkpoints, but full fine-tuning (learner.lora: null) serves only the newest one: use LoRA, or "
+                "pool.max_active_lora: 1"
+            )
+        return self
+
 
 class ConfigError(ValueError):
     """A config file that does not validate; the message lists every bad field with its value."""
@@ -87,7 +98,8 @@ def validate_config(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
         lines = [f"invalid config {source}:"]
         for err in exc.errors():
             field = ".".join(str(p) for p in err["loc"])
-            lines.append(f"  {field} = {err.get('input')!r}: {err['msg']}")
+            message = err["msg"].removeprefix("Value error, ")
+            lines.append(f"  {field} = {err.get('input')!r}: {message}" if field else f"  {message}")
         raise ConfigError("\n".join(lines)) from None
 
 

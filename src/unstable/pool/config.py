@@ -13,7 +13,9 @@ class PoolConfig(Settings):
     sample_mode: str = "mirror"
     fixed_opponents: list[str] = Field([], description="scripted agent names or checkpoint directories")
     max_active_lora: int = Field(3, ge=1, description="newest checkpoints that may be sampled as opponents")
-    rating_backend: str = "openskill"
+    lag: int = Field(1, ge=1, description="sample_mode 'lagged': checkpoints before the latest to draw from")
+    beta: float = Field(4.0, gt=0, description="rating performance noise; also the scale of 'ts-dist'")
+    rating_backend: str = "trueskill"
 
     @field_validator("sample_mode")
     @classmethod
@@ -42,4 +44,13 @@ class PoolConfig(Settings):
     def _fixed_needs_opponents(self) -> PoolConfig:
         if self.sample_mode == "fixed" and not self.fixed_opponents:
             raise ValueError("sample_mode 'fixed' needs at least one entry in fixed_opponents")
+        return self
+
+    @model_validator(mode="after")
+    def _lag_stays_active(self) -> PoolConfig:
+        if self.sample_mode == "lagged" and self.lag >= self.max_active_lora:
+            raise ValueError(
+                f"sample_mode 'lagged' with lag={self.lag} needs max_active_lora > lag "
+                f"(got {self.max_active_lora}): the lagged checkpoints must stay active"
+            )
         return self

@@ -1,41 +1,49 @@
-"""The opponent pool: the learner's checkpoints plus fixed opponents, with ratings updated after each game."""
+"""The opponent pool: the learner's checkpoints plus fixed opponents, with ratings updated after each game.
+
+Each sampling mode is one function in `SAMPLE_MODES`, returning the distribution it draws from as
+(opponent, weight) pairs; the probability of an opponent is its weight over the sum of weights.
+"""
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from unstable.agents.seating import parse_opponent
 from unstable.pool.config import PoolConfig
-from unstable.pool.ratings import Rating, RatingSystem
+from unstable.pool.ratings import DEFAULT_SIGMA, MatchMatrix, Rating, RatingSystem
 from unstable.records import Checkpoint, GameRecord, Opponent
 from unstable.tracking import keys
 
-SAMPLE_MODES = ("mirror", "fixed", "random", "lagged")
+Distribution = list[tuple[Opponent, float]]
+"""(opponent, weight) pairs; an opponent is drawn with probability weight / sum of weights."""
 
 
 class ModelPool:
-    """Registers checkpoints, samples opponents by `cfg.sample_mode` and keeps a rating per agent.
+    """Registers checkpoints, samples opponents by `cfg.sample_mode` (see `SAMPLE_MODES`), rates every game.
 
-    Modes: `mirror` (the latest checkpoint plays itself), `fixed` (a uniformly chosen fixed opponent),
-    `random` (uniform over active checkpoints and fixed opponents), `lagged` (the previous checkpoint).
-    Only the newest `max_active_lora` checkpoints are sampled, bounding the adapters the engine keeps.
+    Only the newest `max_active_lora` checkpoints are active (sampled as opponents), bounding the adapters the
+    inference engine keeps; retired checkpoints keep their ratings and match-matrix rows.
     """
 
     def __init__(self, cfg: PoolConfig | None = None, *, seed: int = 0):
         self.cfg = cfg or PoolConfig()
-        self.ratings = RatingSystem(self.cfg.rating_backend)
+        self.ratings = RatingSystem(self.cfg.rating_backend, beta=self.cfg.beta)
+        self.matches = MatchMatrix()
         self.fixed_opponents = [parse_opponent(name) for name in self.cfg.fixed_opponents]
         self.checkpoints: list[Checkpoint] = []
         self.games_played = 0
         self._rng = random.Random(seed)
 
     def add_checkpoint(self, path: str | None, iteration: int, kind: str = "lora") -> Checkpoint:
-        """Register a new learner checkpoint (path None = base model); it inherits its parent's mu."""
+        """Register a new learner checkpoint (path None = base model); it inherits its parent's mu with sigma
+        doubled (capped at the prior's sigma), so a few games re-place it on the ladder."""
         checkpoint = Checkpoint(uid=f"ckpt-{iteration}", path=path, version=iteration, kind=kind)
         if self.checkpoints:
             parent = self.ratings.get(self.checkpoints[-1].uid)
-            self.ratings.set(checkpoint.uid, Rating(parent.mu, min(2 * parent.sigma, Rating().sigma)))
+            self.ratings.set(checkpoint.uid, Rating(parent.mu, min(2 * parent.sigma, DEFAULT_SIGMA)))
         self.checkpoints.append(checkpoint)
         return checkpoint
 
@@ -46,48 +54,146 @@ class ModelPool:
         return self.checkpoints[-1]
 
     def active_checkpoints(self) -> list[Checkpoint]:
-        """The newest `max_active_lora` checkpoints."""
+        """The newest `max_active_lora` checkpoints, oldest first."""
         return self.checkpoints[-self.cfg.max_active_lora :]
 
     def sample_opponent(self) -> Opponent:
-        """Draw the opponent for one training game according to `sample_mode`."""
-        latest = self.latest()
-        mode = self.cfg.sample_mode
-        if mode == "mirror":
-            return Opponent(latest.uid, checkpoint=latest)
-        if mode == "lagged":
-            previous = self.checkpoints[-2] if len(self.checkpoints) > 1 else latest
-            return Opponent(previous.uid, checkpoint=previous)
-        if mode == "fixed":
-            return self._rng.choice(self.fixed_opponents)
-        choices = [Opponent(c.uid, checkpoint=c) for c in self.active_checkpoints()]
-        choices += self.fixed_opponents
-        return self._rng.choice(choices)
+        """Draw one opponent from the distribution of `cfg.sample_mode`."""
+        opponents, weights = zip(*SAMPLE_MODES[self.cfg.sample_mode](self))
+        return self._rng.choices(opponents, weights)[0]
 
-    def sample_match(self) -> tuple[Checkpoint, Opponent]:
-        """The learner's checkpoint and its opponent for one training game, in one call."""
-        return self.latest(), self.sample_opponent()
+    def sample_match(self, num_opponents: int = 1) -> tuple[Checkpoint, list[Opponent]]:
+        """The learner's checkpoint and one independently drawn opponent per other seat."""
+        if num_opponents < 0:
+            raise ValueError(f"num_opponents must be >= 0, got {num_opponents}")
+        return self.latest(), [self.sample_opponent() for _ in range(num_opponents)]
 
     def record_game(self, record: GameRecord) -> None:
-        """Update ratings from a finished game (failed games and self-play mirrors change nothing)."""
+        """Rate a finished game (failed games are skipped) and count it in the match matrix.
+
+        Seats with the same agent id are one agent scoring the sum of their rewards. A lone agent in a
+        1-seat game plays the pseudo-agent `env:<env_id>`, which scores 0; mirror self-play over several
+        seats changes no rating.
+        """
         if record.failed:
             return
         self.games_played += 1
-        scores: dict[str, float] = {}
-        for pid, agent_id in record.players.items():
-            scores[agent_id] = scores.get(agent_id, 0.0) + record.rewards.get(pid, 0.0)
+        scores = _agent_scores(record)
+        if len(scores) == 1 and len(record.players) > 1:
+            return
+        if len(scores) == 1:
+            scores[f"env:{record.env_id}"] = 0.0
         self.ratings.rate(scores)
+        self.matches.add(scores)
 
     def metrics(self) -> dict[str, Any]:
-        """Games rated, checkpoints, the latest checkpoint's rating and the ladder (best conservative first)."""
-        ladder = sorted(self.ratings.ratings.items(), key=lambda item: -item[1].conservative)
-        latest = self.ratings.get(self.latest().uid) if self.checkpoints else Rating()
+        """Games recorded, checkpoints, the latest checkpoint's rating, the ladder and the match matrix."""
+        latest = self.checkpoints[-1].uid if self.checkpoints else None
+        rating = self.ratings.get(latest) if latest else Rating()
         return {
             keys.POOL_GAMES_RATED: self.games_played,
             keys.POOL_CHECKPOINTS: len(self.checkpoints),
-            keys.POOL_LATEST_MU: latest.mu,
-            keys.POOL_LATEST_SIGMA: latest.sigma,
-            keys.POOL_LADDER: [
-                {"agent": agent, "mu": r.mu, "sigma": r.sigma, "conservative": r.conservative} for agent, r in ladder
-            ],
+            keys.POOL_ACTIVE_CHECKPOINTS: len(self.active_checkpoints()),
+            keys.POOL_LATEST_MU: rating.mu,
+            keys.POOL_LATEST_SIGMA: rating.sigma,
+            keys.POOL_LADDER: self._ladder(latest),
+            keys.POOL_MATCH_MATRIX: self.matches.table(),
         }
+
+    def _ladder(self, latest: str | None) -> list[dict[str, Any]]:
+        """Every rated agent, best conservative score first, with its odds against the latest checkpoint."""
+        ladder = sorted(self.ratings.ratings.items(), key=lambda item: -item[1].conservative)
+        return [
+            {
+                "agent": agent,
+                "mu": r.mu,
+                "sigma": r.sigma,
+                "conservative": r.conservative,
+                "win_probability": self.ratings.win_probability(agent, latest) if latest else None,
+                "match_quality": self.ratings.match_quality(agent, latest) if latest else None,
+            }
+            for agent, r in ladder
+        ]
+
+
+def _agent_scores(record: GameRecord) -> dict[str, float]:
+    """Each distinct agent's summed reward over the seats it played."""
+    scores: dict[str, float] = {}
+    for pid, agent_id in record.players.items():
+        scores[agent_id] = scores.get(agent_id, 0.0) + record.rewards.get(pid, 0.0)
+    return scores
+
+
+def _as_opponent(checkpoint: Checkpoint) -> Opponent:
+    return Opponent(checkpoint.uid, checkpoint=checkpoint)
+
+
+def _uniform(opponents: Iterable[Opponent]) -> Distribution:
+    return [(opponent, 1.0) for opponent in opponents]
+
+
+def _weighted_candidates(pool: ModelPool, weight: Callable[[str, str], float]) -> Distribution:
+    """Candidates (active checkpoints other than the latest, then fixed opponents) weighted by
+    `weight(latest uid, candidate agent id)`; the latest checkpoint alone when there is no candidate."""
+    latest = pool.latest()
+    candidates = [_as_opponent(c) for c in pool.active_checkpoints()[:-1]] + pool.fixed_opponents
+    if not candidates:
+        return [(_as_opponent(latest), 1.0)]
+    return [(c, weight(latest.uid, c.agent_id)) for c in candidates]
+
+
+def _mirror(pool: ModelPool) -> Distribution:
+    """The latest checkpoint plays itself."""
+    return [(_as_opponent(pool.latest()), 1.0)]
+
+
+def _lagged(pool: ModelPool) -> Distribution:
+    """Uniform over the `lag` checkpoints before the latest (all of them while fewer exist); the latest while
+    there is none. `PoolConfig` keeps `lag < max_active_lora`, so these are always active."""
+    previous = pool.active_checkpoints()[:-1][-pool.cfg.lag :]
+    return _uniform(map(_as_opponent, previous or [pool.latest()]))
+
+
+def _random(pool: ModelPool) -> Distribution:
+    """Uniform over the active checkpoints (the latest included) and the fixed opponents."""
+    return _uniform([_as_opponent(c) for c in pool.active_checkpoints()] + pool.fixed_opponents)
+
+
+def _match_quality(pool: ModelPool) -> Distribution:
+    """Over the candidates, P proportional to TrueSkill's 1v1 match quality with the latest checkpoint
+    (`RatingSystem.match_quality`: sqrt(2 beta^2 / c^2) exp(-(mu_latest - mu)^2 / 2c^2),
+    c^2 = 2 beta^2 + sigma_latest^2 + sigma^2)."""
+    return _weighted_candidates(pool, pool.ratings.match_quality)
+
+
+def _ts_dist(pool: ModelPool) -> Distribution:
+    """Over the candidates, P proportional to exp(-|mu_latest - mu| / beta)."""
+
+    def closeness(latest: str, other: str) -> float:
+        gap = pool.ratings.get(latest).mu - pool.ratings.get(other).mu
+        return math.exp(-abs(gap) / pool.ratings.beta)
+
+    return _weighted_candidates(pool, closeness)
+
+
+def _exploration(pool: ModelPool) -> Distribution:
+    """Over the candidates, P proportional to sigma^2: the most uncertain ratings are played most."""
+    return _weighted_candidates(pool, lambda latest, other: pool.ratings.get(other).sigma ** 2)
+
+
+def _fixed(pool: ModelPool) -> Distribution:
+    """Uniform over the fixed opponents."""
+    return _uniform(pool.fixed_opponents)
+
+
+SAMPLE_MODES: dict[str, Callable[[ModelPool], Distribution]] = {
+    "mirror": _mirror,
+    "lagged": _lagged,
+    "random": _random,
+    "match-quality": _match_quality,
+    "ts-dist": _ts_dist,
+    "exploration": _exploration,
+    "fixed": _fixed,
+}
+"""Sampling mode name -> the (opponent, weight) distribution that `ModelPool.sample_opponent` draws from.
+Candidates of the weighted modes: active checkpoints other than the latest, then the fixed opponents."""

@@ -1,9 +1,12 @@
-"""Skill ratings behind a small interface: openskill (default, fast) or trueskill (UnstableBaselines' choice)."""
+"""Skill ratings behind a small interface (trueskill, UnstableBaselines' choice, or openskill), and the
+head-to-head match matrix."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import permutations
+from typing import Any
 
 from unstable.settings import check_registered
 
@@ -26,9 +29,10 @@ class Rating:
 
 
 class RatingSystem:
-    """Rates free-for-all results; `backend` is 'openskill' (Plackett-Luce) or 'trueskill'."""
+    """Rates free-for-all results; `backend` is 'trueskill' (`trueskill.TrueSkill(beta=beta)`) or 'openskill'
+    (Plackett-Luce with the same beta). `beta` is the performance noise: a skill gap of beta wins ~76%."""
 
-    def __init__(self, backend: str = "openskill", beta: float = 25.0 / 6.0):
+    def __init__(self, backend: str = "trueskill", beta: float = 4.0):
         check_registered(backend, RATING_BACKENDS, "rating backend")
         self.backend = backend
         self.beta = beta
@@ -36,15 +40,15 @@ class RatingSystem:
         if backend == "openskill":
             from openskill.models import PlackettLuce
 
-            self._model = PlackettLuce(beta=beta)
+            self._model = PlackettLuce(mu=DEFAULT_MU, sigma=DEFAULT_SIGMA, beta=beta)
         else:
             import trueskill
 
-            self._model = trueskill.TrueSkill(beta=beta, draw_probability=0.1)
+            self._model = trueskill.TrueSkill(mu=DEFAULT_MU, sigma=DEFAULT_SIGMA, beta=beta)
 
     def get(self, agent_id: str) -> Rating:
-        """The rating of `agent_id` (a fresh default rating if never seen)."""
-        return self.ratings.setdefault(agent_id, Rating())
+        """The rating of `agent_id` (the default prior if it was never rated or set)."""
+        return self.ratings.get(agent_id, Rating())
 
     def set(self, agent_id: str, rating: Rating) -> None:
         """Overwrite a rating (e.g. a new checkpoint inheriting its parent's)."""
@@ -53,7 +57,7 @@ class RatingSystem:
     def rate(self, scores: dict[str, float]) -> None:
         """Update every agent in one game from its final score (higher is better; equal scores draw)."""
         ids = list(scores)
-        if len(set(ids)) < 2:
+        if len(ids) < 2:
             return
         current = [self.get(i) for i in ids]
         ranks = [-scores[i] for i in ids]  # lower rank = better
@@ -79,3 +83,33 @@ class RatingSystem:
         ra, rb = self.get(a), self.get(b)
         c2 = 2 * self.beta**2 + ra.sigma**2 + rb.sigma**2
         return math.sqrt(2 * self.beta**2 / c2) * math.exp(-((ra.mu - rb.mu) ** 2) / (2 * c2))
+
+
+class MatchMatrix:
+    """Head-to-head counts: for each ordered pair of distinct agents that met, games, wins and draws of the
+    first against the second (a win: the first's summed reward in that game is higher than the second's)."""
+
+    def __init__(self):
+        self.counts: dict[str, dict[str, dict[str, int]]] = {}
+
+    def add(self, scores: dict[str, float]) -> None:
+        """Count one game from each agent's summed reward."""
+        for agent, opponent in permutations(scores, 2):
+            cell = self.counts.setdefault(agent, {}).setdefault(opponent, {"games": 0, "wins": 0, "draws": 0})
+            cell["games"] += 1
+            cell["wins"] += scores[agent] > scores[opponent]
+            cell["draws"] += scores[agent] == scores[opponent]
+
+    def table(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """{agent: {opponent: {"games", "wins", "draws", "losses", "win_rate"}}}; win_rate = wins / games."""
+        return {
+            agent: {
+                opponent: {
+                    **cell,
+                    "losses": cell["games"] - cell["wins"] - cell["draws"],
+                    "win_rate": cell["wins"] / cell["games"],
+                }
+                for opponent, cell in row.items()
+            }
+            for agent, row in self.counts.items()
+        }

@@ -51,11 +51,12 @@ def run(topology: Topology, cfg: RunConfig, on_row: Callable[[dict[str, Any]], N
     on_row(ray.get(t.tracker.log.remote({keys.STEP: 0})))  # row 0: the initial policy's evaluation
     collecting = t.collector.collect.remote(cfg.collector.num_workers, cfg.collector.num_eval_workers)
     for _ in range(cfg.learner.num_steps):
-        on_row(ray.get(t.learner.train.remote(1))[0])
+        on_row(ray.get(t.learner.train.remote(1, stop_collection=False))[0])
     ray.get(t.collector.stop.remote())
     counts = ray.get(collecting)
     eval_end = eval_table(ray.get(t.collector.evaluate.remote(cfg.evaluation.games_at_end)))
     ray.get(t.tracker.log.remote({"eval_start": eval_start, "eval_end": eval_end, "final": True}))
+    ray.get(t.tracker.close.remote())
     wall = time.time() - start
     return RunSummary(str(t.run_dir), cfg.learner.num_steps, counts["train"], eval_start, eval_end, wall)
 

@@ -72,7 +72,11 @@ POOL_GAMES_RATED = "pool/games_rated"
 POOL_CHECKPOINTS = "pool/checkpoints"
 POOL_LATEST_MU = "pool/latest_mu"
 POOL_LATEST_SIGMA = "pool/latest_sigma"
-POOL_LADDER = "pool/ladder"  # [{"agent", "mu", "sigma", "conservative"}], best conservative score first
+POOL_ACTIVE_CHECKPOINTS = "pool/active_checkpoints"  # the newest max_active_lora checkpoints, sampled as opponents
+# [{"agent", "mu", "sigma", "conservative", "win_probability", "match_quality"}], best conservative score first;
+# win_probability and match_quality are against the latest checkpoint
+POOL_LADDER = "pool/ladder"
+POOL_MATCH_MATRIX = "pool/match_matrix"  # {agent: {opponent: {"games", "wins", "draws", "losses", "win_rate"}}}
 
 # the row itself
 TIME = "time"

@@ -43,7 +43,8 @@ class MetricSource(Protocol):
 
 
 class Tracker:
-    """Aggregates game summaries over a window and writes every metric to `run_dir/metrics.jsonl`.
+    """Aggregates game summaries over a window and writes every metric to `run_dir/metrics.jsonl` (and to each
+    sink in `sinks`, e.g. `tracking.sinks.WandbSink`).
 
     `log(metrics)` closes the window: it adds the window's collector aggregates (games/s, tokens/s, format
     and invalid-move rates, eval W/D/L) and the current `metrics()` of every source added with `add_source`
@@ -51,8 +52,9 @@ class Tracker:
     file does not hold.
     """
 
-    def __init__(self, run_dir: str | os.PathLike):
+    def __init__(self, run_dir: str | os.PathLike, sinks: list[Any] | None = None):
         self.sources: list[MetricSource] = []
+        self.sinks = list(sinks or [])
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
@@ -81,10 +83,21 @@ class Tracker:
         row.update({f"total/{k}": v for k, v in self.totals.items()})
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
+        for sink in self.sinks:
+            sink.write(row)
         self.rows.append(row)
         self._window_games = []
         self._window_start = now
         return row
+
+    def get_run_dir(self) -> str:
+        """The run directory (other actors write their checkpoints under it)."""
+        return str(self.run_dir)
+
+    def close(self) -> None:
+        """Close every sink (the JSONL file needs nothing)."""
+        for sink in self.sinks:
+            sink.close()
 
     def latest(self) -> dict[str, Any]:
         """The last row written (empty before the first)."""

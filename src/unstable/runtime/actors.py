@@ -1,0 +1,266 @@
+"""The Ray actors: thin shells around the plain components, with the seed's constructor keywords.
+
+This is the one place where the components become Ray actors and where the seed's keyword arguments are mapped
+onto each component's settings. Both front ends use these shells: the seed's scripts (`unstable.Tracker.options(
+name="Tracker").remote(run_name=..., wandb_project=...)`, ...) and `runtime.topology.build_topology`, which the
+YAML/CLI path calls. Each shell subclasses its plain class, so every method of the component is an actor method;
+other actors' handles are wrapped in `RemoteProxy` so the plain code calls them like local objects. Shells reserve
+no Ray CPU (their work is waiting or is placed by GPUs), so a whole run fits on a 2-CPU machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from unstable.algorithms.base import BaseAlgo
+from unstable.buffer import StepBuffer
+from unstable.collector import Collector
+from unstable.collector.config import CollectorConfig
+from unstable.inference import InferenceClient, InferenceConfig, InferenceServer
+from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
+from unstable.pool import ModelPool
+from unstable.pool.config import PoolConfig
+from unstable.runtime.loop import LearnerLoop
+from unstable.runtime.remote import RemoteProxy
+from unstable.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+
+def _register_source(tracker) -> None:
+    """Let `tracker` (an actor handle or None) read this actor's `metrics()` into every row."""
+    if tracker is not None:
+        me = ray.get_runtime_context().current_actor
+        ray.get(tracker.add_source.remote(RemoteProxy(me)))
+
+
+@ray.remote(num_cpus=0)
+class TrackerActor(Tracker):
+    """The seed's `Tracker(run_name, wandb_project)`: a run directory `runs_dir/run_name` (the next free
+    `-2`, `-3`, ... when taken) or `run_dir` as given; with `wandb_project`, rows go to W&B too."""
+
+    def __init__(
+        self,
+        run_name: str = "run",
+        wandb_project: str | None = None,
+        *,
+        run_dir: str | None = None,
+        runs_dir: str = "runs",
+        wandb_mode: str | None = None,
+    ):
+        from unstable.runtime.topology import new_run_dir
+
+        directory = Path(run_dir) if run_dir else new_run_dir(Path(runs_dir) / run_name)
+        sinks = []
+        if wandb_project:
+            from unstable.tracking.sinks import WandbSink
+
+            sinks.append(WandbSink(wandb_project, run_name, directory, mode=wandb_mode))
+        super().__init__(directory, sinks)
+
+
+@ray.remote(num_cpus=0)
+class StepBufferActor(StepBuffer):
+    """The seed's `StepBuffer(max_buffer_size, tracker, final/step/sampling_reward_transformation)`."""
+
+    def __init__(
+        self,
+        max_buffer_size: int = 768,
+        tracker=None,
+        final_reward_transformation=None,
+        step_reward_transformation=None,
+        sampling_reward_transformation=None,
+        seed: int = 0,
+    ):
+        super().__init__(
+            max_buffer_size,
+            final_reward_transformation=final_reward_transformation,
+            step_reward_transformation=step_reward_transformation,
+            sampling_reward_transformation=sampling_reward_transformation,
+            seed=seed,
+        )
+        _register_source(tracker)
+
+
+@ray.remote(num_cpus=0)
+class ModelPoolActor(ModelPool):
+    """The seed's `ModelPool(sample_mode, max_active_lora, tracker)`; any other `PoolConfig` field by keyword."""
+
+    def __init__(self, sample_mode: str = "mirror", max_active_lora: int = 3, tracker=None, seed: int = 0, **settings):
+        super().__init__(PoolConfig(sample_mode=sample_mode, max_active_lora=max_active_lora, **settings), seed=seed)
+        _register_source(tracker)
+
+
+def inference_from_vllm_config(vllm_config: dict[str, Any]) -> tuple[str, InferenceConfig]:
+    """The seed's `vllm_config` as (model path, InferenceConfig): vLLM when it is installed, else the embedded
+    transformers backend (said in a log line). Keys: model_name, max_parallel_seq, max_tokens, max_loras,
+    lora_config, max_model_len, and optionally any InferenceConfig field."""
+    settings = dict(vllm_config)
+    model = settings.pop("model_name")
+    renamed = {"max_parallel_seq": "max_batch_size", "max_tokens": "max_new_tokens"}
+    settings = {renamed.get(k, k): v for k, v in settings.items() if k != "lora_config"}
+    if "backend" not in settings:
+        has_vllm = importlib.util.find_spec("vllm") is not None
+        settings["backend"] = "vllm" if has_vllm else "transformers"
+        why = "vLLM is installed" if has_vllm else "vLLM is not installed: the embedded transformers backend serves"
+        log.warning("inference backend: %s (%s)", settings["backend"], why)
+    if "num_gpus" not in settings:
+        settings["num_gpus"] = 1.0 if ray.cluster_resources().get("GPU", 0) else 0.0
+    return model, InferenceConfig(**settings)
+
+
+@ray.remote(num_cpus=0, max_concurrency=8)
+class CollectorActor(Collector):
+    """The seed's `Collector(num_actors, step_buffer, model_pool, tracker, vllm_config, training_envs,
+    evaluation_envs, evaluation_opponent)`: it starts `num_actors` inference servers itself.
+
+    The YAML path passes `model_path` and `inference` (an InferenceConfig) instead of `vllm_config`. Any other
+    `CollectorConfig` field (max_turns, group_size, ...) by keyword; envs as `(env_id, players, template)`.
+    """
+
+    def __init__(
+        self,
+        num_actors: int | None = None,
+        step_buffer=None,
+        model_pool=None,
+        tracker=None,
+        vllm_config: dict[str, Any] | None = None,
+        *,
+        model_path: str | None = None,
+        inference: InferenceConfig | None = None,
+        dtype: str = "float32",
+        seed: int = 0,
+        **settings,
+    ):
+        if vllm_config is not None:
+            model_path, inference = inference_from_vllm_config(vllm_config)
+        if model_path is None or inference is None:
+            raise ValueError("Collector needs vllm_config (or model_path and inference)")
+        if num_actors is not None:
+            inference = inference.model_copy(update={"num_actors": num_actors})
+        client = InferenceClient([RemoteProxy(server) for server in _start_servers(model_path, inference, dtype, seed)])
+        cfg = CollectorConfig(**settings)
+        super().__init__(
+            client,
+            RemoteProxy(model_pool, fire_and_forget={"record_game"}),
+            RemoteProxy(step_buffer),
+            RemoteProxy(tracker, fire_and_forget={"add_game"}),
+            cfg,
+            tokenizer=_chat_tokenizer(cfg, model_path),
+            seed=seed,
+        )
+        ray.get(tracker.add_source.remote(client))
+
+
+def _start_servers(model_path: str, inference: InferenceConfig, dtype: str, seed: int) -> list:
+    """`inference.num_actors` started inference server actors."""
+    import functools
+
+    from unstable.inference import make_backend
+
+    needed, have = inference.num_gpus * inference.num_actors, ray.cluster_resources().get("GPU", 0.0)
+    if needed > have:
+        raise ValueError(
+            f"{inference.num_actors} inference actors with {inference.num_gpus} GPU each need {needed} GPUs; "
+            f"the Ray cluster has {have}"
+        )
+    factory = functools.partial(make_backend, model_path, inference, dtype=dtype, seed=seed)
+    servers = [
+        ray.remote(InferenceServer)
+        .options(max_concurrency=4096, num_cpus=0, num_gpus=inference.num_gpus)
+        .remote(factory, inference)
+        for _ in range(inference.num_actors)
+    ]
+    ray.get([server.start.remote() for server in servers])
+    return servers
+
+
+def _chat_tokenizer(cfg: CollectorConfig, model_path: str):
+    """The tokenizer, only when a game uses the `default` (chat template) prompt."""
+    if not any(e.prompt_template == "default" for e in cfg.training_envs + cfg.evaluation_envs):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def learner_config_from_seed(
+    batch_size: int = 384,
+    mini_batch_size: int | None = None,
+    learning_rate: float = 1e-5,
+    grad_clip: float = 0.2,
+    lora_cfg: dict[str, Any] | None = None,
+    full_finetune: bool = False,
+    activation_checkpointing: bool = False,
+    gradient_checkpointing: bool = False,
+    max_train_len: int | None = None,
+    **settings,
+) -> LearnerConfig:
+    """The seed's StandardLearner keywords as a LearnerConfig (activation and gradient checkpointing are the
+    same switch in transformers); any other LearnerConfig field by keyword."""
+    return LearnerConfig(
+        batch_size=batch_size,
+        mini_batch_size=mini_batch_size,
+        learning_rate=learning_rate,
+        grad_clip=grad_clip,
+        lora=None if full_finetune else LoraConfig(**(lora_cfg or {})),
+        gradient_checkpointing=activation_checkpointing or gradient_checkpointing,
+        max_train_len=max_train_len,
+        **settings,
+    )
+
+
+@ray.remote(num_cpus=0)
+class LearnerActor(LearnerLoop):
+    """The seed's `StandardLearner(model_name, step_buffer, model_pool, tracker, algorithm, batch_size, ...)`.
+
+    `max_generation_len` becomes the algorithm's (Dr. GRPO's constant) when the algorithm has none. The YAML
+    path passes a whole `cfg` instead of the seed's keywords. Checkpoints go under the tracker's run directory.
+    The model trains on cuda when Ray gave this actor a GPU and torch sees one.
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        step_buffer,
+        model_pool,
+        tracker,
+        algorithm: BaseAlgo | None = None,
+        *,
+        cfg: LearnerConfig | None = None,
+        max_generation_len: int | None = None,
+        temperature: float = 1.0,
+        dtype: str = "float32",
+        **seed_kwargs,
+    ):
+        import torch
+
+        from unstable.algorithms import Reinforce
+
+        cfg = cfg or learner_config_from_seed(**seed_kwargs)
+        if ray.get_gpu_ids() and torch.cuda.is_available() and not cfg.num_gpus:
+            cfg = cfg.model_copy(update={"num_gpus": float(len(ray.get_gpu_ids()))})
+        algorithm = algorithm or Reinforce()
+        if max_generation_len is not None and getattr(algorithm, "max_generation_len", 0) is None:
+            algorithm.max_generation_len = max_generation_len
+        policy = PolicyModel(model_name, cfg, dtype=dtype, temperature=temperature)
+        run_dir = ray.get(tracker.get_run_dir.remote())
+        super().__init__(
+            Learner(policy, algorithm, cfg),
+            RemoteProxy(step_buffer),
+            RemoteProxy(model_pool),
+            RemoteProxy(tracker),
+            run_dir,
+        )
+
+    def train(self, num_steps: int, stop_collection: bool = True) -> list[dict[str, Any]]:
+        """`num_steps` updates; then, unless told otherwise, tell the collector to start no new games."""
+        rows = super().train(num_steps)
+        if stop_collection:
+            self.step_buffer.stop_collection()
+        return rows

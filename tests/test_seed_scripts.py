@@ -1,0 +1,127 @@
+"""The seed's own scripts run as written: `examples/seed_minimal.py` (seed 000, section 3) and
+`examples/seed_training.py` (seed 002), each in a fresh Python process on Ray, with only the model name (the
+tiny model), sizes, W&B (offline) and the API opponent's base URL (a chat-completions server on 127.0.0.1)
+changed. Each substitution below must match the script exactly, so this list is the whole difference."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from unstable.games.moves import legal_moves
+
+from .chat_server import completion, serve
+
+ROOT = Path(__file__).resolve().parents[1]
+SEEDS = ROOT.parent / "shared" / "seeds"
+SEED_MODEL = '"Qwen/Qwen3-1.7B-base"'
+# a CPU machine: Ray is told of the seeds' three GPUs (logical ones) so the `num_gpus=1` learner and the two
+# inference actors can be placed; every model runs on the CPU because torch sees no CUDA device
+RAY_INIT = ('ray.init(namespace="unstable")', 'ray.init(namespace="unstable", num_cpus=8, num_gpus=3)')
+
+
+def _run(script: str, substitutions: list[tuple[str, str]], cwd: Path, env: dict[str, str]) -> None:
+    """Apply every substitution (each must occur), run the script with `env`, fail with its output if it fails."""
+    for old, new in substitutions:
+        assert old in script, f"{old!r} is not in the script"
+        script = script.replace(old, new)
+    path = cwd / "script.py"
+    path.write_text(script)
+    result = subprocess.run(
+        [sys.executable, str(path)], cwd=cwd, env=os.environ | env, capture_output=True, text=True, timeout=900
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _offline_env(tmp_path: Path) -> dict[str, str]:
+    return {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path), "RAY_DEDUP_LOGS": "0"}
+
+
+def test_the_example_copies_are_the_seeds_scripts():
+    """The examples hold the seeds' code verbatim (checked where the seeds are beside the repository)."""
+    minimal = (ROOT / "examples" / "seed_minimal.py").read_text()
+    training = (ROOT / "examples" / "seed_training.py").read_text()
+    if SEEDS.is_dir():
+        seed_000 = next(SEEDS.glob("000_*.txt")).read_text()
+        code = re.search(r"### Minimal training script\n\n```python\n(.*?)```", seed_000, re.S).group(1)
+        assert minimal.endswith(code)
+        seed_002 = next(SEEDS.glob("002_*.txt")).read_text()
+        code = seed_002.split("Training script\n", 1)[1].split("In a Nutshell", 1)[0]
+        assert training.endswith(code.rstrip() + "\n")
+    assert "unstable.StandardLearner.options(num_gpus=1" in minimal and "evaluation_opponent=" in training
+
+
+def test_seed_000_minimal_training_script(tiny_model_dir, tmp_path):
+    script = (ROOT / "examples" / "seed_minimal.py").read_text()
+    _run(
+        script,
+        [
+            (SEED_MODEL, repr(tiny_model_dir)),
+            RAY_INIT,
+            ("max_buffer_size=768", "max_buffer_size=64"),
+            ('"max_tokens": 2048', '"max_tokens": 8'),
+            ('"lora_config": {"lora_rank": 32}', '"lora_config": {"lora_rank": 4}'),
+            ('"max_model_len": 8192', '"max_model_len": 1024'),
+            ("batch_size=384", "batch_size=8"),
+            ('lora_cfg={"lora_rank": 32}', 'lora_cfg={"lora_rank": 4}'),
+            ("num_workers=256", "num_workers=8"),
+            ("learner.train.remote(100)", "learner.train.remote(2)"),
+        ],
+        tmp_path,
+        _offline_env(tmp_path),
+    )
+    run_dir = tmp_path / "runs" / "demo"
+    rows = _metrics(run_dir)
+    assert [r["learner/step"] for r in rows] == [1, 2]
+    assert (run_dir / "checkpoints" / "ckpt-2" / "adapter_model.safetensors").exists()
+    assert rows[-1]["buffer/steps_added"] > 0 and rows[-1]["pool/checkpoints"] == 3
+    assert rows[-1]["inference/generated_tokens"] > 0
+    assert list((run_dir / "wandb").glob("offline-run-*")), "W&B wrote no offline run"
+
+
+def _api_model_reply(number: int, headers: dict, body: dict):
+    """An API model that plays the first legal move it can read (Kuhn Poker and SimpleTak list them)."""
+    moves = legal_moves(body["messages"][-1]["content"])
+    return 200, completion(f"\\boxed{{{moves[0] if moves else '[0]'}}}")
+
+
+@pytest.mark.parametrize("opponent_up", [True, False], ids=["api-up", "api-down"])
+def test_seed_002_training_script_with_an_api_evaluation_opponent(tiny_model_dir, tmp_path, opponent_up):
+    """Training with evaluation games against the seed's API model; when the endpoint is down (HTTP 500 on every
+    retry) those games fail, which `tests/test_api_opponent.py` checks game by game, and training still finishes."""
+    down = (500, {"error": {"message": "down"}})
+    with serve(_api_model_reply if opponent_up else lambda *_: down) as chat:
+        env = _offline_env(tmp_path) | {"UNSTABLE_API_BASE_URL": chat.url}
+        _run(
+            (ROOT / "examples" / "seed_training.py").read_text(),
+            [
+                (SEED_MODEL, repr(tiny_model_dir)),
+                RAY_INIT,
+                ("max_buffer_size=768", "max_buffer_size=64"),
+                ('"lora_rank": 32, "lora_alpha": 32', '"lora_rank": 4, "lora_alpha": 32'),
+                ('"max_tokens": 4096', '"max_tokens": 8'),
+                ('"max_model_len": 8192', '"max_model_len": 1024'),
+                ("batch_size=384", "batch_size=8"),
+                ("max_generation_len=4096", "max_generation_len=8"),
+                ("num_workers=384, num_eval_workers=16", "num_workers=8, num_eval_workers=2"),
+                ("learner.train.remote(200)", "learner.train.remote(2)"),
+            ],
+            tmp_path,
+            env,
+        )
+        requests = len(chat.requests)
+    rows = _metrics(tmp_path / "runs" / "demo")
+    assert [r["learner/step"] for r in rows] == [1, 2]  # training finished either way
+    assert requests > 0, "no evaluation game reached the API opponent"
+    if opponent_up:  # eval games were played and rated (a failed game is never rated)
+        assert "google/gemini-2.0-flash-lite-001" in {entry["agent"] for entry in rows[-1]["pool/ladder"]}
