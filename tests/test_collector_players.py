@@ -59,3 +59,15 @@ def test_a_three_player_game_seats_an_opponent_in_every_other_seat_and_updates_r
     assert buffer.size() > 0 and pool.games_played == 6
     assert pool.ratings.get("ckpt--1") != Rating() and pool.ratings.get("random") != Rating()
     assert pool.metrics()[keys.POOL_MATCH_MATRIX]["ckpt--1"]["random"]["games"] == 6
+
+
+def test_evaluation_opponents_take_turns_and_meet_every_seat(tmp_path):
+    spec = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
+    pool = ModelPool()
+    pool.add_checkpoint(path=None, iteration=-1)
+    cfg = CollectorConfig(training_envs=[spec], evaluation_opponents=["random", "tictactoe-minimax"])
+    collector = Collector(_FakeEngine(), pool, StepBuffer(16), Tracker(tmp_path), cfg)
+    records = collector.evaluate(8, concurrency=1)
+    met = {(r.players[1 - r.learner_player_ids[0]], r.learner_player_ids[0]) for r in records}
+    assert met == {(o, seat) for o in ("random", "tictactoe-minimax") for seat in (0, 1)}
+    assert {e["agent"] for e in pool.metrics()[keys.POOL_LADDER]} >= {"random", "tictactoe-minimax"}  # rated

@@ -55,8 +55,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"  learner steps: {summary.learner_steps}   training games: {summary.train_games}   "
         f"wall: {summary.wall_seconds:.0f}s"
     )
-    print(_format_eval(f"eval vs {cfg.collector.evaluation_opponent} at start", summary.eval_start))
-    print(_format_eval(f"eval vs {cfg.collector.evaluation_opponent} at end  ", summary.eval_end))
+    opponents = ", ".join(cfg.collector.evaluation_opponents)
+    print(_format_eval(f"eval vs {opponents} at start", summary.eval_start))
+    print(_format_eval(f"eval vs {opponents} at end  ", summary.eval_end))
     return 0
 
 

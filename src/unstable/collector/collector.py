@@ -51,7 +51,7 @@ class Collector:
         self.cfg = cfg
         self.training_envs = cfg.training_specs()
         self.evaluation_envs = cfg.evaluation_specs()
-        self.evaluation_opponent = parse_opponent(cfg.evaluation_opponent)
+        self.evaluation_opponents = [parse_opponent(name) for name in cfg.evaluation_opponents]
         self.tokenizer = tokenizer
         self.seed = seed
         self._game_counter = itertools.count()
@@ -98,8 +98,10 @@ class Collector:
         index = next(self._game_counter)
         envs = self.evaluation_envs if is_eval else self.training_envs
         spec = envs[index % len(envs)]
-        if is_eval:
-            learner, opponents = self.model_pool.latest(), [self.evaluation_opponent] * (spec.num_players - 1)
+        if is_eval:  # the opponents take turns, each meeting every env and seat
+            rotation = index // (len(envs) * spec.num_players)
+            opponent = self.evaluation_opponents[rotation % len(self.evaluation_opponents)]
+            learner, opponents = self.model_pool.latest(), [opponent] * (spec.num_players - 1)
         else:
             learner, opponents = self.model_pool.sample_match(spec.num_players - 1)
         seed = self.seed * 1_000_003 + index

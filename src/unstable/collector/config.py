@@ -50,26 +50,30 @@ class EnvSpecConfig(Settings):
 
 
 class CollectorConfig(Settings):
-    """How many games run at once, which games, and the evaluation opponent."""
+    """How many games run at once, which games, and who the evaluation games are against."""
 
     num_workers: int = Field(8, ge=1, description="training games in flight")
     num_eval_workers: int = Field(0, ge=0, description="evaluation games in flight beside them")
     max_turns: int = Field(DEFAULT_MAX_TURNS, ge=1, description="a game still running after this is a draw")
     training_envs: list[EnvSpecConfig] = Field(min_length=1)
     evaluation_envs: list[EnvSpecConfig] = Field([], description="empty: the training envs")
-    evaluation_opponent: str = Field(
-        "random", description="a scripted agent name, a checkpoint directory or an API model ('org/model')"
+    evaluation_opponents: list[str] = Field(
+        ["random"],
+        min_length=1,
+        description="who the evaluation games are against, in turn: scripted agent names, checkpoint directories "
+        "or API models ('org/model')",
     )
     group_size: int = Field(
         1, ge=1, description="continuations per training game branched from a copied decision state (1: off)"
     )
 
-    @field_validator("evaluation_opponent")
+    @field_validator("evaluation_opponents")
     @classmethod
-    def _known_opponent(cls, value: str) -> str:
+    def _known_opponents(cls, value: list[str]) -> list[str]:
         from unstable.agents.seating import parse_opponent
 
-        parse_opponent(value)
+        for name in value:
+            parse_opponent(name)
         return value
 
     def training_specs(self) -> list[EnvSpec]:

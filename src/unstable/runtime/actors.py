@@ -120,7 +120,8 @@ class CollectorActor(Collector):
     evaluation_envs, evaluation_opponent)`: it starts `num_actors` inference servers itself.
 
     The YAML path passes `model_path` and `inference` (an InferenceConfig) instead of `vllm_config`. Any other
-    `CollectorConfig` field (max_turns, group_size, ...) by keyword; envs as `(env_id, players, template)`.
+    `CollectorConfig` field (max_turns, group_size, evaluation_opponents, ...) by keyword; envs as `(env_id,
+    players, template)`; the seed's one `evaluation_opponent` is the list of that opponent.
     """
 
     def __init__(
@@ -131,6 +132,7 @@ class CollectorActor(Collector):
         tracker=None,
         vllm_config: dict[str, Any] | None = None,
         *,
+        evaluation_opponent: str | None = None,
         model_path: str | None = None,
         inference: InferenceConfig | None = None,
         dtype: str = "float32",
@@ -143,6 +145,8 @@ class CollectorActor(Collector):
             raise ValueError("Collector needs vllm_config (or model_path and inference)")
         if num_actors is not None:
             inference = inference.model_copy(update={"num_actors": num_actors})
+        if evaluation_opponent is not None:
+            settings["evaluation_opponents"] = [evaluation_opponent]
         client = InferenceClient([RemoteProxy(server) for server in _start_servers(model_path, inference, dtype, seed)])
         cfg = CollectorConfig(**settings)
         super().__init__(
