@@ -12,7 +12,7 @@ Writes `learning.json` and one `learning-<algorithm>.png` per algorithm under `-
 `--runs-dir`) and prints a table.
 Run on demand (never from tests):
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/learning.py                  # Reinforce
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/learning.py                  # Reinforce, seeds 0, 1, 2
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/learning.py --all-algorithms # every RL algorithm
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/learning.py --finetune lora --sample-mode lagged  # population
 """
@@ -24,7 +24,7 @@ import json
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ from unstable.models.tiny import ensure_tiny_model  # noqa: E402
 from unstable.pool.config import PoolConfig  # noqa: E402
 from unstable.records import EnvSpec  # noqa: E402
 from unstable.runtime import train  # noqa: E402
+from unstable.tracking.stats import mean_interval  # noqa: E402
 
 TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
 KUHN = EnvSpec("KuhnPoker-v0-single-train", 2, "qwen3-zs")
@@ -64,6 +65,7 @@ class Settings:
     runs_dir: str = "runs/benchmark-learning"
     model_dir: str = ".cache/tiny-qwen3"
     seed: int = 0
+    seeds: int = 3  # independent runs (warm start, RL, evaluation) with seeds seed, seed+1, ...
     threads: int = os.cpu_count() or 1  # SFT and evaluation; in RL the learner and inference get half each
     finetune: str = "full"
     train_opponent: str = "random"  # half the RL games against this scripted agent; "mirror": self-play only
@@ -269,25 +271,31 @@ def kuhn(algorithm: str, warm: dict[str, Any], model: str, infosets, s: Settings
     return {**run, "curve": curve, "final": final}
 
 
-def plot(name: str, result: dict[str, Any], path: Path) -> None:
-    """Two panels: TicTacToe win rate vs random (95% Wilson bars) and Kuhn exploitability, over learner steps."""
+def plot(name: str, per_seed: dict[str, dict[str, Any]], path: Path) -> None:
+    """Two panels over learner steps, one line per seed: TicTacToe win rate vs random (95% Wilson bars) and
+    Kuhn exploitability."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    curve = result["tictactoe"]["curve"]
-    steps = [p["step"] for p in curve]
-    rates = [p["win_rate"] for p in curve]
-    errors = [[r - p["win_ci"][0] for r, p in zip(rates, curve)], [p["win_ci"][1] - r for r, p in zip(rates, curve)]]
-    left.errorbar(steps, rates, yerr=errors, marker="o", capsize=3, label="win rate vs random (95% CI)")
-    left.plot(steps, [p["valid_move_rate"] for p in curve], "s--", label="valid-move rate")
+    for seed, result in per_seed.items():
+        curve = result["tictactoe"]["curve"]
+        steps = [p["step"] for p in curve]
+        rates = [p["win_rate"] for p in curve]
+        errors = [
+            [r - p["win_ci"][0] for r, p in zip(rates, curve)],
+            [p["win_ci"][1] - r for r, p in zip(rates, curve)],
+        ]
+        left.errorbar(steps, rates, yerr=errors, marker="o", capsize=3, label=f"seed {seed}: win rate vs random")
+        kuhn_curve = result["kuhn"]["curve"]
+        right.plot(
+            [p["step"] for p in kuhn_curve], [p["exploitability"] for p in kuhn_curve], "o-", label=f"seed {seed}"
+        )
     left.axhline(0.44, color="grey", linestyle=":", label="random vs random (0.44)")
-    left.set(title=f"TicTacToe, {name}", xlabel="learner step", ylim=(0, 1))
+    left.set(title=f"TicTacToe, {name} (95% CI)", xlabel="learner step", ylim=(0, 1))
     left.legend(fontsize=8)
-    kuhn_curve = result["kuhn"]["curve"]
-    right.plot([p["step"] for p in kuhn_curve], [p["exploitability"] for p in kuhn_curve], "o-")
     right.axhline(0, color="grey", linestyle=":", label="equilibrium (0)")
     right.axhline(1 / 3, color="grey", linestyle="--", label="always bet/call (1/3)")
     right.legend(fontsize=8)
@@ -306,23 +314,57 @@ def _rate(report: dict[str, Any], opponent: str, key: str = "win") -> str:
     return f"{wdl['win_rate']:.2f} [{low:.2f}, {high:.2f}]"
 
 
+def summary(results: dict[str, Any], algorithm: str) -> dict[str, Any]:
+    """Across seeds: each seed's TicTacToe win rate vs random before and after RL (with intervals), the mean
+    change with its 95% t-interval, how many seeds separated, and the Kuhn exploitabilities after RL."""
+    per_seed, changes = {}, []
+    for seed, run in results["seeds"].items():
+        if algorithm not in run["algorithms"]:
+            continue
+        before = run["warm_start"]["tictactoe"]["eval"]["opponents"]["random"]["all_seats"]
+        after = run["algorithms"][algorithm]["tictactoe"]["final"]["opponents"]["random"]["all_seats"]
+        changes.append(after["win_rate"] - before["win_rate"])
+        per_seed[seed] = {
+            "before": before["win_rate"],
+            "before_ci": before["win_ci"],
+            "after": after["win_rate"],
+            "after_ci": after["win_ci"],
+            "separated": after["win_ci"][0] > before["win_ci"][1],
+            "kuhn_after": run["algorithms"][algorithm]["kuhn"]["curve"][-1]["exploitability"],
+        }
+    mean, low, high = mean_interval(changes)
+    return {"per_seed": per_seed, "mean_change": mean, "mean_change_ci": [low, high]}
+
+
 def table(results: dict[str, Any]) -> str:
-    """Warm start and after-RL rows: TicTacToe win vs random, non-loss vs minimax, Kuhn exploitability."""
-    warm = results["warm_start"]
+    """Per seed, warm start and after-RL rows (TicTacToe win vs random, non-loss vs minimax, Kuhn
+    exploitability); per algorithm, the mean change across seeds."""
     lines = [
-        f"{'policy':<26} {'TTT win vs random':<20} {'TTT non-loss vs minimax':<24} {'Kuhn exploitability':>19} "
-        f"{'RL wall s':>9}",
-        f"{'warm start (SFT)':<26} {_rate(warm['tictactoe']['eval'], 'random'):<20} "
-        f"{_rate(warm['tictactoe']['eval'], 'tictactoe-minimax', 'non-loss'):<24} "
-        f"{warm['kuhn']['exploitability']:>19.4f} {'':>9}",
+        f"{'seed':>4} {'policy':<26} {'TTT win vs random':<20} {'TTT non-loss vs minimax':<24} "
+        f"{'Kuhn exploitability':>19} {'RL wall s':>9}"
     ]
-    for name, result in results["algorithms"].items():
-        final = result["tictactoe"]["final"]
-        seconds = result["tictactoe"]["seconds"] + result["kuhn"]["seconds"]
+    for seed, run in results["seeds"].items():
+        warm = run["warm_start"]
         lines.append(
-            f"{'after RL: ' + name:<26} {_rate(final, 'random'):<20} "
-            f"{_rate(final, 'tictactoe-minimax', 'non-loss'):<24} "
-            f"{result['kuhn']['curve'][-1]['exploitability']:>19.4f} {seconds:>9.0f}"
+            f"{seed:>4} {'warm start (SFT)':<26} {_rate(warm['tictactoe']['eval'], 'random'):<20} "
+            f"{_rate(warm['tictactoe']['eval'], 'tictactoe-minimax', 'non-loss'):<24} "
+            f"{warm['kuhn']['exploitability']:>19.4f} {'':>9}"
+        )
+        for name, result in run["algorithms"].items():
+            final = result["tictactoe"]["final"]
+            seconds = result["tictactoe"]["seconds"] + result["kuhn"]["seconds"]
+            lines.append(
+                f"{seed:>4} {'after RL: ' + name:<26} {_rate(final, 'random'):<20} "
+                f"{_rate(final, 'tictactoe-minimax', 'non-loss'):<24} "
+                f"{result['kuhn']['curve'][-1]['exploitability']:>19.4f} {seconds:>9.0f}"
+            )
+    for name, across in results.get("summary", {}).items():
+        low, high = across["mean_change_ci"]
+        separated = sum(p["separated"] for p in across["per_seed"].values())
+        lines.append(
+            f"{name}: TicTacToe win-rate change {across['mean_change']:+.3f} [{low:+.3f}, {high:+.3f}] (95% t, "
+            f"{len(across['per_seed'])} seeds); separated from the warm start in {separated} of "
+            f"{len(across['per_seed'])}"
         )
     return "\n".join(lines)
 
@@ -340,16 +382,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
     return settings, rl_algorithms if args.all_algorithms else [args.algorithm]
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run the benchmark, write the JSON and PNGs, print the table; returns the results."""
-    s, algorithms = parse_args(argv)
-    start = time.time()
-    out = Path(s.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    ensure_tiny_model(s.model_dir)
-    model = s.model_dir  # as given (relative by default), so no machine path lands in the results
-    infosets = list(kuhn_information_sets(KUHN.env_id))
-    print("warm start: SFT on random-vs-random moves", flush=True)
+def run_seed(s: Settings, algorithms: list[str], model: str, infosets, save) -> dict[str, Any]:
+    """Warm start, then RL with each algorithm, for `s.seed`; `save()` is called after each algorithm."""
+    print(f"seed {s.seed}: warm start, SFT on random-vs-random moves", flush=True)
     warm = {
         "tictactoe": warm_start(TICTACTOE, s.sft_games, model, s),
         "kuhn": warm_start(KUHN, s.kuhn_sft_games, model, s),
@@ -357,21 +392,44 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for spec, game in ((TICTACTOE, "tictactoe"), (KUHN, "kuhn")):
         warm[game]["eval"] = evaluate_at(spec, model, warm[game]["checkpoint"], OPPONENTS[spec], s.eval_games, s)
     warm["kuhn"]["exploitability"] = warm["kuhn"]["eval"]["kuhn"]["exploitability"]
-    results = {
-        "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
-        "settings": asdict(s),
-        "warm_start": warm,
-        "algorithms": {},
-    }
+    run = {"warm_start": warm, "algorithms": {}}
     for algorithm in algorithms:
-        print(f"RL: {algorithm}, {s.opponents_label}", flush=True)
-        results["algorithms"][algorithm] = {
+        print(f"seed {s.seed}: RL with {algorithm}, {s.opponents_label}", flush=True)
+        run["algorithms"][algorithm] = {
             "tictactoe": tictactoe(algorithm, warm["tictactoe"], model, s),
             "kuhn": kuhn(algorithm, warm["kuhn"], model, infosets, s),
         }
-        plot(algorithm, results["algorithms"][algorithm], out / f"learning-{algorithm}.png")
+        save(run)
+    return run
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark for every seed, write the JSON and PNGs, print the table; returns the results."""
+    s, algorithms = parse_args(argv)
+    start = time.time()
+    out = Path(s.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ensure_tiny_model(s.model_dir)
+    model = s.model_dir  # as given (relative by default), so no machine path lands in the results
+    infosets = list(kuhn_information_sets(KUHN.env_id))
+    results = {
+        "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
+        "settings": asdict(s),
+        "seeds": {},
+    }
+
+    def save(run: dict[str, Any], seed: int) -> None:  # after each algorithm of each seed: a crash keeps it
+        results["seeds"][str(seed)] = run
+        results["summary"] = {name: summary(results, name) for name in run["algorithms"]}
+        for name in run["algorithms"]:
+            per_seed = {k: v["algorithms"][name] for k, v in results["seeds"].items() if name in v["algorithms"]}
+            plot(name, per_seed, out / f"learning-{name}.png")
         results["wall_seconds"] = time.time() - start
-        (out / "learning.json").write_text(json.dumps(results, indent=2))  # after each algorithm: a crash keeps it
+        (out / "learning.json").write_text(json.dumps(results, indent=2))
+
+    for seed in range(s.seed, s.seed + s.seeds):
+        one = replace(s, seed=seed, runs_dir=f"{s.runs_dir}/seed-{seed}")
+        run_seed(one, algorithms, model, infosets, lambda run, seed=seed: save(run, seed))
     print(table(results))
     print(f"wall time: {results['wall_seconds']:.0f}s; results in {out}")
     return results

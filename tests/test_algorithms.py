@@ -371,3 +371,23 @@ def test_algorithms_train_through_the_interface_not_the_learner():
     metrics = Reinforce().update(steps, policy)
     assert policy.steps_taken == 1 and keys.LOSS in metrics
     assert policy.table[1] > policy.table[0]  # the rewarded completion (token 2) became more likely
+
+
+@pytest.mark.parametrize("chunk", [1, 4096])
+def test_policy_log_probs_equal_a_full_vocabulary_softmax_without_building_one(tiny_model_dir, bandit, chunk):
+    cfg = LearnerConfig(lora=LoraConfig(lora_rank=4, target_modules=["q_proj", "lm_head"]), logit_chunk_tokens=chunk)
+    policy = PolicyModel(tiny_model_dir, cfg, temperature=0.7)
+    torch.manual_seed(0)
+    policy.load()
+    steps = [_step(prompt=bandit["prompt"], completion=c) for c in (bandit["good"], bandit["other_prompt"][:3])]
+    batch = collate(steps, policy.pad_id)
+    out = policy.forward(batch, encodings=True, entropy=True)
+    with torch.no_grad():
+        full = policy.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True)
+    logp_all = torch.log_softmax(full.logits[:, :-1].float() / 0.7, -1)  # (B, L-1, V)
+    expected = logp_all.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1) * batch.completion_mask  # (B, L-1)
+    torch.testing.assert_close(out.logprobs, expected, atol=1e-5, rtol=1e-5)
+    entropy = -(logp_all.exp() * logp_all).sum(-1) * batch.completion_mask
+    torch.testing.assert_close(out.entropy, entropy, atol=1e-5, rtol=1e-5)
+    rows = torch.arange(2)
+    torch.testing.assert_close(out.encodings, full.hidden_states[-1][rows, decision_positions(batch)])

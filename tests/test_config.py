@@ -70,3 +70,11 @@ def test_full_finetuning_refuses_a_pool_that_plays_past_checkpoints():
         validate_config(data)
     data["learner"]["lora"] = {"lora_rank": 4}
     assert validate_config(data).pool.sample_mode == "lagged"
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parent.parent / "examples").glob("*.yaml")), ids=str)
+def test_every_example_config_validates(path):
+    cfg = load_config(path)
+    if path.name == "single-gpu.yaml":  # both actors on one GPU, on cuda, the engine within its share
+        assert cfg.inference.num_gpus + cfg.learner.num_gpus == 1
+        assert cfg.inference.device == cfg.learner.device == "cuda"

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
-from unstable.tracking.stats import WDL, wdl_summary, wilson_interval
+from unstable.tracking.stats import WDL, mean_interval, wdl_summary, wilson_interval
 
 
 def test_wilson_hand_computed_case():
@@ -56,3 +57,12 @@ def test_wdl_summary_is_json_ready():
     assert empty["games"] == 0 and empty["win_rate"] == 0.0 and empty["win_ci"] == [0.0, 1.0]
     with pytest.raises(ValueError, match="unknown outcomes"):
         wdl_summary(["win", None])
+
+
+def test_mean_interval_uses_students_t_across_seeds():
+    mean, low, high = mean_interval([0.1, 0.2, 0.3])
+    half = 4.303 * 0.1 / math.sqrt(3)  # t_{0.975, 2} * sample std / sqrt(n)
+    assert mean == pytest.approx(0.2) and low == pytest.approx(0.2 - half) and high == pytest.approx(0.2 + half)
+    assert mean_interval([0.5])[1:] == (-math.inf, math.inf)
+    with pytest.raises(ValueError):
+        mean_interval([])

@@ -13,7 +13,8 @@ BACKENDS = ("transformers", "vllm")
 
 
 def make_backend(model_path: str, cfg: InferenceConfig, *, dtype: str = "float32", seed: int = 0) -> InferenceBackend:
-    """Build the backend `cfg.backend` names (runs inside the inference process, so heavy imports happen there).
+    """Build the backend `cfg.backend` names on `cfg.device` (runs inside the inference process, so heavy
+    imports happen there). On a GPU the transformers engine is held to `cfg.gpu_memory_utilization` of it.
 
     "vllm" raises ImportError naming the extra to install when vLLM is missing.
     """
@@ -25,7 +26,13 @@ def make_backend(model_path: str, cfg: InferenceConfig, *, dtype: str = "float32
     if cfg.backend == "transformers":
         from unstable.inference.transformers_backend import TransformersBackend
 
-        return TransformersBackend(model_path, cfg.sampling, dtype=dtype, max_model_len=cfg.max_model_len, seed=seed)
+        if cfg.device == "cuda":
+            import torch
+
+            torch.cuda.set_per_process_memory_fraction(cfg.gpu_memory_utilization)  # a shared GPU keeps room
+        return TransformersBackend(
+            model_path, cfg.sampling, dtype=dtype, device=cfg.device, max_model_len=cfg.max_model_len, seed=seed
+        )
     from unstable.inference.vllm_backend import VLLMBackend
 
     return VLLMBackend(

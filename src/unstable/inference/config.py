@@ -20,8 +20,10 @@ class InferenceConfig(Settings):
     max_loras: int = Field(4, ge=1, description="LoRA adapters resident at once")
     max_model_len: int = Field(4096, ge=16)
     num_threads: int | None = Field(1, ge=1, description="torch threads of the inference process")
-    num_gpus: float = Field(0.0, ge=0.0, description="GPUs of each inference actor")
-    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="vLLM's share of its GPU")
+    num_gpus: float = Field(0.0, ge=0.0, description="GPUs of each inference actor; > 0 serves on cuda")
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0.0, le=1.0, description="share of its GPU's memory the engine may use (the learner gets the rest)"
+    )
     num_actors: int = Field(1, ge=1, description="inference server actors; the collector spreads requests over them")
 
     @field_validator("backend")
@@ -30,6 +32,11 @@ class InferenceConfig(Settings):
         from unstable.inference import BACKENDS
 
         return check_registered(value, BACKENDS, "inference backend")
+
+    @property
+    def device(self) -> str:
+        """Where the engine runs: `cuda` when the inference actor is given GPUs, else `cpu`."""
+        return "cuda" if self.num_gpus else "cpu"
 
     @property
     def sampling(self) -> SamplingConfig:

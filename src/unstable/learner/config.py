@@ -48,6 +48,9 @@ class LearnerConfig(Settings):
     learning_rate: float = Field(1e-5, gt=0.0)
     grad_clip: float = Field(1.0, gt=0.0, description="clip_grad_norm_ threshold")
     max_train_len: int | None = Field(None, ge=2, description="train on the first tokens of longer sequences")
+    logit_chunk_tokens: int = Field(
+        4096, ge=1, description="completion tokens whose vocabulary logits are materialised at once"
+    )
     lora: LoraConfig | None = LoraConfig()
     initial_lora_path: str | None = Field(None, description="start from this adapter (or full model with lora: null)")
     gradient_checkpointing: bool = False

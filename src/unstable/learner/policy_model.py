@@ -90,21 +90,47 @@ class PolicyModel:
         )
 
     def forward(self, batch: TokenBatch, *, encodings: bool = False, entropy: bool = False) -> PolicyOutput:
-        """Token log-probs `log softmax(logits / temperature)[target]`, plus encodings or entropies on request."""
-        outputs = self.model(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=encodings
-        )
-        logits = outputs.logits[:, :-1].float() / self.temperature  # (B, L-1, V)
-        logprobs_all = torch.log_softmax(logits, dim=-1)  # (B, L-1, V)
-        targets = batch.input_ids[:, 1:]  # (B, L-1)
-        result = PolicyOutput(logprobs_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1))  # (B, L-1)
+        """Token log-probs `log softmax(logits / temperature)[target]` at the completion targets (0 elsewhere),
+        plus decision-state encodings or entropies on request.
+
+        The output layer runs only on the hidden states of completion targets, `cfg.logit_chunk_tokens` rows at
+        a time, so no `(B, L, vocab)` tensor (let alone a float32 one) is ever built: prompts are most of every
+        sequence and their logits are never needed.
+        """
+        causal_lm = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        hidden = causal_lm.get_decoder()(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask
+        ).last_hidden_state  # (B, L, H)
+        rows, cols = batch.completion_mask.nonzero(as_tuple=True)  # completion targets: position t predicts t+1
+        targets = batch.input_ids[rows, cols + 1]  # (N,)
+        head = causal_lm.get_output_embeddings()
+        token_logp, token_entropy = self._token_scores(head, hidden[rows, cols], targets, entropy)
+        logprobs = torch.zeros(batch.completion_mask.shape, device=hidden.device)  # (B, L-1)
+        result = PolicyOutput(logprobs.index_put((rows, cols), token_logp))
         if encodings:
-            hidden = outputs.hidden_states[-1]  # (B, L, H)
-            rows = torch.arange(hidden.shape[0], device=hidden.device)  # (B,)
-            result.encodings = hidden[rows, decision_positions(batch)].float()  # (B, H)
+            positions = torch.arange(hidden.shape[0], device=hidden.device)  # (B,)
+            result.encodings = hidden[positions, decision_positions(batch)].float()  # (B, H)
         if entropy:
-            result.entropy = -(logprobs_all.exp() * logprobs_all).sum(-1)  # (B, L-1)
+            result.entropy = torch.zeros_like(logprobs).index_put((rows, cols), token_entropy)  # (B, L-1)
         return result
+
+    def _token_scores(
+        self, head: torch.nn.Module, states: torch.Tensor, targets: torch.Tensor, entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-prob of each target under `softmax(head(state) / temperature)` and, with `entropy`, that
+        distribution's entropy (else zeros), in chunks of `cfg.logit_chunk_tokens` rows; `(N,)` each, float32."""
+        logps, entropies = [], []
+        for start in range(0, states.shape[0], self.cfg.logit_chunk_tokens):
+            chunk = slice(start, start + self.cfg.logit_chunk_tokens)
+            logits = head(states[chunk]).float() / self.temperature  # (n, V)
+            log_z = torch.logsumexp(logits, dim=-1)  # (n,)
+            logps.append(logits.gather(-1, targets[chunk, None]).squeeze(-1) - log_z)  # (n,)
+            if entropy:
+                entropies.append(log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1))  # (n,) log Z - E_p[logit]
+            else:
+                entropies.append(torch.zeros_like(log_z))
+        empty = states.new_zeros(0, dtype=torch.float32)
+        return (torch.cat(logps), torch.cat(entropies)) if logps else (empty, empty)
 
     @torch.no_grad()
     def completion_logprobs(self, steps: list[Step]) -> list[float]:

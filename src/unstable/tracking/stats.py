@@ -89,3 +89,26 @@ def wdl_summary(outcomes: Iterable[str]) -> dict[str, Any]:
         "draw_ci": list(wdl.draw_interval()),
         "loss_ci": list(wdl.loss_interval()),
     }
+
+
+# Student's t quantile t_{0.975, df} for df = 1..30 (two-sided 95%); larger df use the normal 1.96
+_T_975 = (
+    (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+    + (2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086)
+    + (2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+)
+
+
+def mean_interval(values: Iterable[float]) -> tuple[float, float, float]:
+    """Mean of `values` and its two-sided 95% Student-t interval, `(mean, low, high)`; a single value has the
+    unbounded interval (-inf, inf): one seed says nothing about the spread between seeds."""
+    values = list(values)
+    if not values:
+        raise ValueError("mean_interval needs at least one value")
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return mean, -math.inf, math.inf
+    df = len(values) - 1
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / df)
+    half = (_T_975[df - 1] if df <= len(_T_975) else 1.96) * std / math.sqrt(len(values))
+    return mean, mean - half, mean + half
