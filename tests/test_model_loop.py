@@ -190,3 +190,18 @@ def test_batch_naming_more_adapters_than_max_loras_is_split(tiny_model_dir, tmp_
     assert all(f.result(timeout=60).completion_token_ids for f in futures)
     assert server.stats()["inference/batches"] == 2
     server.stop()
+
+
+def test_behaviour_logprobs_are_the_untruncated_tempered_distribution_under_top_p(tiny_model_dir):
+    backend = TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=6, temperature=0.7, top_p=0.5))
+    result = backend.generate([GenerationRequest(PROMPT)])[0]
+    ids = torch.tensor([list(result.prompt_token_ids) + list(result.completion_token_ids)])
+    with torch.no_grad():
+        logits = backend.model(ids).logits[0, len(result.prompt_token_ids) - 1 : -1] / 0.7  # (T, V)
+    logp = torch.log_softmax(logits, -1)
+    tokens = torch.tensor(result.completion_token_ids)
+    assert result.logprobs == pytest.approx(logp.gather(-1, tokens[:, None]).squeeze(-1).tolist(), abs=1e-4)
+    for step, token in enumerate(tokens.tolist()):  # each token was drawn from the top-p nucleus
+        probs, order = logp[step].exp().sort(descending=True)
+        nucleus = order[: int((probs.cumsum(0) < 0.5).sum()) + 1]
+        assert token in nucleus.tolist()

@@ -101,28 +101,30 @@ class TransformersBackend(InferenceBackend):
         return ckpt.uid
 
     def _generate_rows(self, prompts: list[list[int]], adapters: list[str]) -> list[GenerationResult]:
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
         padded = self.tokenizer.pad({"input_ids": prompts}, return_tensors="pt").to(self.device)
         greedy = self.sampling.temperature == 0
+        recorder = SampledTokenLogprobs(1.0 if greedy else self.sampling.temperature)
+        processors = [recorder]  # sees the raw logits; the warpers below shape only what is sampled
+        if not greedy:
+            processors += [TemperatureLogitsWarper(self.sampling.temperature), TopPLogitsWarper(self.sampling.top_p)]
         extra = {"adapter_names": adapters} if self.adapters else {}
         out = self.model.generate(
             **padded,
             do_sample=not greedy,
-            temperature=None if greedy else self.sampling.temperature,
-            top_p=None if greedy else self.sampling.top_p,
+            temperature=1.0,  # neutral values override the model's generation_config: only our warpers shape it
+            top_p=1.0,
             top_k=0,
             max_new_tokens=self.sampling.max_new_tokens,
-            output_logits=True,
+            logits_processor=LogitsProcessorList(processors),
             return_dict_in_generate=True,
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_id=self.tokenizer.eos_token_id,
             **extra,
         )
-        prompt_len = padded["input_ids"].shape[1]
-        new_tokens = out.sequences[:, prompt_len:]  # (B, T)
-        logits = torch.stack(out.logits, dim=1).float()  # (B, T, V)
-        temperature = 1.0 if greedy else self.sampling.temperature
-        logprobs = torch.log_softmax(logits / temperature, dim=-1)
-        token_logprobs = logprobs.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)  # (B, T)
+        new_tokens = out.sequences[:, padded["input_ids"].shape[1] :]  # (B, T)
+        token_logprobs = recorder.finish(new_tokens[:, -1])  # (B, T)
         return [self._row_result(p, t, lp) for p, t, lp in zip(prompts, new_tokens.tolist(), token_logprobs.tolist())]
 
     def _row_result(self, prompt: list[int], tokens: list[int], logprobs: list[float]) -> GenerationResult:
@@ -132,3 +134,28 @@ class TransformersBackend(InferenceBackend):
             end = tokens.index(eos) + 1  # keep the eos token: the policy must learn to stop
             tokens, logprobs, finish = tokens[:end], logprobs[:end], "stop"
         return decoded_result(self.tokenizer, prompt, tokens, logprobs, finish)
+
+
+class SampledTokenLogprobs:
+    """A logits processor that records `log softmax(logits / temperature)[token]` of each sampled token.
+
+    At step t it sees step t's raw logits and, as the last input id, the token sampled at step t-1; it keeps one
+    step's `(B, V)` log-probs, never all of them (`output_logits` would hold `(B, T, V)`). `finish(last_tokens)`
+    adds the last step's token and returns the `(B, T)` log-probs.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.previous: torch.Tensor | None = None  # (B, V) log-probs of the step before
+        self.logprobs: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.previous is not None:
+            self.logprobs.append(self.previous.gather(-1, input_ids[:, -1:]).squeeze(-1))  # (B,)
+        self.previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)  # (B, V)
+        return scores
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """The log-probs of every generated token, `(B, T)`."""
+        self.logprobs.append(self.previous.gather(-1, last_tokens[:, None]).squeeze(-1))
+        return torch.stack(self.logprobs, dim=1)  # (B, T)
