@@ -6,7 +6,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator
 
 from unstable.agents.api import APIAgent, APISettings
 from unstable.agents.base import Agent
@@ -36,6 +38,16 @@ def parse_opponent(name: str) -> Opponent:
         f"{missing}opponent {name!r} must be an existing LoRA checkpoint directory, a scripted agent "
         f"({', '.join(SCRIPTED_AGENTS)}) or an API model 'org/model' (e.g. 'google/gemini-2.0-flash-lite-001')"
     )
+
+
+def _checked_opponent(name: str) -> str:
+    """`name` if `parse_opponent` accepts it (its ValueError otherwise)."""
+    parse_opponent(name)
+    return name
+
+
+OpponentName = Annotated[str, AfterValidator(_checked_opponent)]
+"""A settings field type: an opponent name that `parse_opponent` accepts, checked when the settings load."""
 
 
 def _looks_like_path(name: str) -> bool:

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from unstable.agents.seating import OpponentName
 from unstable.games.episode import DEFAULT_MAX_TURNS
 from unstable.records import EnvSpec
 from unstable.settings import Settings
@@ -57,7 +58,7 @@ class CollectorConfig(Settings):
     max_turns: int = Field(DEFAULT_MAX_TURNS, ge=1, description="a game still running after this is a draw")
     training_envs: list[EnvSpecConfig] = Field(min_length=1)
     evaluation_envs: list[EnvSpecConfig] = Field([], description="empty: the training envs")
-    evaluation_opponents: list[str] = Field(
+    evaluation_opponents: list[OpponentName] = Field(
         ["random"],
         min_length=1,
         description="who the evaluation games are against, in turn: scripted agent names, checkpoint directories "
@@ -66,15 +67,6 @@ class CollectorConfig(Settings):
     group_size: int = Field(
         1, ge=1, description="continuations per training game branched from a copied decision state (1: off)"
     )
-
-    @field_validator("evaluation_opponents")
-    @classmethod
-    def _known_opponents(cls, value: list[str]) -> list[str]:
-        from unstable.agents.seating import parse_opponent
-
-        for name in value:
-            parse_opponent(name)
-        return value
 
     def training_specs(self) -> list[EnvSpec]:
         """The training games as records."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
+from unstable.agents.seating import OpponentName
 from unstable.settings import Settings, check_registered
 
 
@@ -11,7 +12,9 @@ class PoolConfig(Settings):
     """Opponent sampling (`sample_mode`, one of `pool.SAMPLE_MODES`) and ratings (`pool.RATING_BACKENDS`)."""
 
     sample_mode: str = "mirror"
-    fixed_opponents: list[str] = Field([], description="scripted agent names or checkpoint directories")
+    fixed_opponents: list[OpponentName] = Field(
+        [], description="training opponents besides checkpoints: scripted agents, checkpoint directories, API models"
+    )
     max_active_lora: int = Field(3, ge=1, description="newest checkpoints that may be sampled as opponents")
     lag: int = Field(1, ge=1, description="sample_mode 'lagged': checkpoints before the latest to draw from")
     beta: float = Field(4.0, gt=0, description="rating performance noise; also the scale of 'ts-dist'")
@@ -30,15 +33,6 @@ class PoolConfig(Settings):
         from unstable.pool.ratings import RATING_BACKENDS
 
         return check_registered(value, RATING_BACKENDS, "rating_backend")
-
-    @field_validator("fixed_opponents")
-    @classmethod
-    def _known_opponents(cls, value: list[str]) -> list[str]:
-        from unstable.agents.seating import parse_opponent
-
-        for name in value:
-            parse_opponent(name)
-        return value
 
     @model_validator(mode="after")
     def _fixed_needs_opponents(self) -> PoolConfig:
