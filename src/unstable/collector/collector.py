@@ -68,12 +68,13 @@ class Collector:
                     in_flight[pool.submit(self.play_one, kind == "eval")] = kind
             while in_flight:
                 done, _ = wait(in_flight, timeout=0.2, return_when=FIRST_COMPLETED)
+                stopping = self._stopping()  # one question per round, however many games finished
                 for future in done:
                     kind = in_flight.pop(future)
                     counts[kind] += 1
                     if future.exception() is not None:
                         log.error("game worker crashed: %r", future.exception())
-                    if not self._stopping():
+                    if not stopping:
                         in_flight[pool.submit(self.play_one, kind == "eval")] = kind
         return counts
 

@@ -121,7 +121,9 @@ class CollectorActor(Collector):
 
     The YAML path passes `model_path` and `inference` (an InferenceConfig) instead of `vllm_config`. Any other
     `CollectorConfig` field (max_turns, group_size, evaluation_opponents, ...) by keyword; envs as `(env_id,
-    players, template)`; the seed's one `evaluation_opponent` is the list of that opponent.
+    players, template)`; the seed's one `evaluation_opponent` is the list of that opponent. Finished games go to
+    the buffer, the pool and the tracker without waiting for an answer; per game the collector waits only for its
+    opponents (`ModelPool.sample_match`).
     """
 
     def __init__(
@@ -152,7 +154,7 @@ class CollectorActor(Collector):
         super().__init__(
             client,
             RemoteProxy(model_pool, fire_and_forget={"record_game"}),
-            RemoteProxy(step_buffer),
+            RemoteProxy(step_buffer, fire_and_forget={"add_game"}),
             RemoteProxy(tracker, fire_and_forget={"add_game"}),
             cfg,
             tokenizer=_chat_tokenizer(cfg, model_path),
