@@ -168,3 +168,24 @@ def test_tracker_writes_jsonl_rows_with_window_aggregates(tmp_path):
 class _Gauge:
     def metrics(self):
         return {"gauge/value": 7}
+
+
+def test_a_wandb_project_without_wandb_installed_names_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    from unstable.tracking.sinks import WandbSink
+
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    with pytest.raises(ImportError, match=r"unstable-baselines\[wandb\]"):
+        WandbSink("UB", "demo", tmp_path)
+
+
+def test_wandb_offline_sink_writes_its_run_files(tmp_path, monkeypatch):
+    from unstable.tracking.sinks import WandbSink
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    tracker = Tracker(tmp_path, [WandbSink("UB", "demo", tmp_path, mode="offline")])
+    tracker.log({keys.STEP: 1, keys.LOSS: 0.5, keys.POOL_LADDER: []})
+    tracker.close()
+    (run,) = (tmp_path / "wandb").glob("offline-run-*")
+    assert list(run.glob("*.wandb"))

@@ -21,7 +21,12 @@ class WandbSink:
     (`wandb sync` uploads an offline run later). `mode` forces one ('online', 'offline' or 'disabled')."""
 
     def __init__(self, project: str, run_name: str, run_dir: str | os.PathLike, mode: str | None = None):
-        import wandb
+        try:
+            import wandb
+        except ImportError as exc:
+            raise ImportError(
+                f"wandb_project={project!r} needs W&B: pip install 'unstable-baselines[wandb]' (or pass no project)"
+            ) from exc
 
         mode = mode or os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
         self.run = wandb.init(project=project, name=run_name, dir=str(Path(run_dir)), mode=mode)
