@@ -3,8 +3,8 @@
 import json
 
 from unstable.config import load_config
-from unstable.runtime import new_run_dir, train
-from unstable.tracking import keys
+from unstable.runtime import train
+from unstable.tracking import keys, new_run_dir
 
 from .test_config import EXAMPLE
 

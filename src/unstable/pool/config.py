@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from unstable.agents.seating import OpponentName
+from unstable.pool.ratings import RATING_BACKENDS
+from unstable.pool.sampling import SAMPLE_MODES
 from unstable.settings import Settings, check_registered
 
 
@@ -23,15 +25,11 @@ class PoolConfig(Settings):
     @field_validator("sample_mode")
     @classmethod
     def _known_mode(cls, value: str) -> str:
-        from unstable.pool.model_pool import SAMPLE_MODES
-
         return check_registered(value, SAMPLE_MODES, "sample_mode")
 
     @field_validator("rating_backend")
     @classmethod
     def _known_backend(cls, value: str) -> str:
-        from unstable.pool.ratings import RATING_BACKENDS
-
         return check_registered(value, RATING_BACKENDS, "rating_backend")
 
     @model_validator(mode="after")

@@ -27,7 +27,7 @@ from unstable.pool import ModelPool
 from unstable.pool.config import PoolConfig
 from unstable.runtime.loop import LearnerLoop
 from unstable.runtime.remote import RemoteProxy
-from unstable.tracking import Tracker
+from unstable.tracking import Tracker, new_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,6 @@ class TrackerActor(Tracker):
         runs_dir: str = "runs",
         wandb_mode: str | None = None,
     ):
-        from unstable.runtime.topology import new_run_dir
-
         directory = Path(run_dir) if run_dir else new_run_dir(Path(runs_dir) / run_name)
         sinks = []
         if wandb_project:

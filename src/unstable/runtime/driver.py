@@ -15,8 +15,8 @@ import yaml
 
 from unstable.config import RunConfig
 from unstable.records import GameRecord
-from unstable.runtime.topology import Topology, build_topology, init_ray, new_run_dir
-from unstable.tracking import keys, wdl_summary
+from unstable.runtime.topology import Topology, build_topology, init_ray
+from unstable.tracking import keys, new_run_dir, wdl_summary
 
 
 @dataclass

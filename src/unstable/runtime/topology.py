@@ -38,18 +38,6 @@ def resolve_model_path(cfg: RunConfig) -> str:
     return cfg.model.path
 
 
-def new_run_dir(path: Path) -> Path:
-    """`path`, or when a run already wrote there, the first free `path-2`, `path-3`, ...: a new run never
-    appends its metrics to an old run's or overwrites its checkpoints."""
-    candidate, number = path, 1
-    while candidate.exists() and any(candidate.iterdir()):
-        number += 1
-        candidate = path.with_name(f"{path.name}-{number}")
-    if candidate != path:
-        log.warning("run dir %s holds an earlier run; this run writes to %s", path, candidate)
-    return candidate
-
-
 def init_ray(cfg: RunConfig) -> None:
     """Start (or join) Ray with the run's CPU budget, forwarding the environment the actors need."""
     import ray

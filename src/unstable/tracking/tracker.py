@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections import Counter
@@ -12,6 +13,8 @@ from typing import Any, Protocol
 from unstable.records import GameRecord
 from unstable.tracking import keys
 from unstable.tracking.stats import wdl_summary
+
+log = logging.getLogger(__name__)
 
 
 def summarize_game(record: GameRecord) -> dict[str, Any]:
@@ -34,6 +37,18 @@ def summarize_game(record: GameRecord) -> dict[str, Any]:
         "generated_tokens": sum(len(s.completion_token_ids) for s in record.steps),
         "wall_seconds": record.wall_seconds,
     }
+
+
+def new_run_dir(path: Path) -> Path:
+    """`path`, or when a run already wrote there, the first free `path-2`, `path-3`, ...: a new run never
+    appends its metrics to an old run's or overwrites its checkpoints."""
+    candidate, number = path, 1
+    while candidate.exists() and any(candidate.iterdir()):
+        number += 1
+        candidate = path.with_name(f"{path.name}-{number}")
+    if candidate != path:
+        log.warning("run dir %s holds an earlier run; this run writes to %s", path, candidate)
+    return candidate
 
 
 class MetricSource(Protocol):
