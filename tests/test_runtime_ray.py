@@ -28,16 +28,19 @@ def test_two_learner_steps_through_ray(tiny_model_dir, tmp_path):
     assert summary.learner_steps == 2 and summary.train_games >= 1
     assert summary.eval_start["games"] + summary.eval_start["failed"] == 4
     assert [r["learner/step"] for r in rows] == [0, 1, 2]
-    assert rows[-1]["inference/generated_tokens"] > 0
+    assert sum(r["inference/generated_tokens"] for r in rows[1:]) > 0  # per window: a short one may see none
     run_dir = tmp_path / "ray-smoke"
     assert (run_dir / "checkpoints" / "ckpt-2" / "adapter_model.safetensors").exists()
     assert (run_dir / "config.yaml").exists()
+    logs = {p.name for p in (run_dir / "logs").iterdir()}  # one log file per component
+    assert logs == {f"{c}.log" for c in ("tracker", "step_buffer", "model_pool", "collector", "learner")}
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["final"] is True and "eval_end" in lines[-1]
     # every metric reaches the file: inference throughput, buffer, pool ratings, the algorithm's loss
     assert lines[1:3] == rows[1:]
     step = lines[2]
-    assert step[keys.INFERENCE_TOKENS_PER_S] > 0 and step[keys.BUFFER_SIZE] >= 0 and keys.LOSS in step
+    assert max(r[keys.INFERENCE_TOKENS_PER_S] for r in lines[1:3]) > 0
+    assert step[keys.BUFFER_SIZE] >= 0 and keys.LOSS in step
     assert step[keys.POOL_CHECKPOINTS] == 3 and {e["agent"] for e in step[keys.POOL_LADDER]} >= {"ckpt--1"}
 
 

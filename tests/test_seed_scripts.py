@@ -85,7 +85,7 @@ def test_seed_000_minimal_training_script(tiny_model_dir, tmp_path):
     assert [r["learner/step"] for r in rows] == [1, 2]
     assert (run_dir / "checkpoints" / "ckpt-2" / "adapter_model.safetensors").exists()
     assert rows[-1]["buffer/steps_added"] > 0 and rows[-1]["pool/checkpoints"] == 3
-    assert rows[-1]["inference/generated_tokens"] > 0
+    assert sum(r["inference/generated_tokens"] for r in rows) > 0
     assert list((run_dir / "wandb").glob("offline-run-*")), "W&B wrote no offline run"
 
 

@@ -275,5 +275,5 @@ def test_two_learner_steps_through_ray_with_vllm(tiny_model_dir, tmp_path):
     summary = train(load_config(EXAMPLE, overrides), on_row=rows.append)
     assert summary.learner_steps == 2 and summary.train_games >= 1
     assert [r["learner/step"] for r in rows] == [0, 1, 2]
-    assert rows[-1]["inference/generated_tokens"] > 0
+    assert sum(r["inference/generated_tokens"] for r in rows[1:]) > 0  # per window: a short one may see none
     assert (tmp_path / "vllm-smoke" / "checkpoints" / "ckpt-2" / "adapter_model.safetensors").exists()

@@ -32,6 +32,22 @@ from unstable.tracking import Tracker, new_run_dir
 log = logging.getLogger(__name__)
 
 
+def log_to_run_dir(run_dir: str | Path, component: str) -> None:
+    """Also write this process's `unstable` log records (warnings and errors: failed games, API retries, ...)
+    to `run_dir/logs/<component>.log`, one file per component (seed 003's "separate the logs")."""
+    path = Path(run_dir) / "logs" / f"{component}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("unstable").addHandler(handler)
+
+
+def _log_with(tracker, component: str) -> None:
+    """`log_to_run_dir` under the run directory of `tracker` (an actor handle; None: no file)."""
+    if tracker is not None:
+        log_to_run_dir(ray.get(tracker.get_run_dir.remote()), component)
+
+
 def _register_source(tracker) -> None:
     """Let `tracker` (an actor handle or None) read this actor's `metrics()` into every row."""
     if tracker is not None:
@@ -60,6 +76,7 @@ class TrackerActor(Tracker):
 
             sinks.append(WandbSink(wandb_project, run_name, directory, mode=wandb_mode))
         super().__init__(directory, sinks)
+        log_to_run_dir(directory, "tracker")
 
 
 @ray.remote(num_cpus=0)
@@ -83,6 +100,7 @@ class StepBufferActor(StepBuffer):
             seed=seed,
         )
         _register_source(tracker)
+        _log_with(tracker, "step_buffer")
 
 
 @ray.remote(num_cpus=0)
@@ -92,6 +110,7 @@ class ModelPoolActor(ModelPool):
     def __init__(self, sample_mode: str = "mirror", max_active_lora: int = 3, tracker=None, seed: int = 0, **settings):
         super().__init__(PoolConfig(sample_mode=sample_mode, max_active_lora=max_active_lora, **settings), seed=seed)
         _register_source(tracker)
+        _log_with(tracker, "model_pool")
 
 
 def inference_from_vllm_config(vllm_config: dict[str, Any]) -> tuple[str, InferenceConfig]:
@@ -139,6 +158,7 @@ class CollectorActor(Collector):
         seed: int = 0,
         **settings,
     ):
+        _log_with(tracker, "collector")
         if vllm_config is not None:
             model_path, inference = inference_from_vllm_config(vllm_config)
         if model_path is None or inference is None:
@@ -254,6 +274,7 @@ class LearnerActor(LearnerLoop):
             algorithm.max_generation_len = max_generation_len
         policy = PolicyModel(model_name, cfg, dtype=dtype, temperature=temperature)
         run_dir = ray.get(tracker.get_run_dir.remote())
+        log_to_run_dir(run_dir, "learner")
         super().__init__(
             Learner(policy, algorithm, cfg),
             RemoteProxy(step_buffer),
