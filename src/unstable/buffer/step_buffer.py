@@ -7,7 +7,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 
-from unstable.buffer.config import BufferConfig
 from unstable.records import GameRecord, Step
 from unstable.tracking import keys
 
@@ -41,11 +40,6 @@ class StepBuffer:
         }
         self._rng = random.Random(seed)
         self._collecting = True
-
-    @classmethod
-    def from_config(cls, cfg: BufferConfig, seed: int = 0) -> StepBuffer:
-        """A buffer whose transform stages are built from the registry names in `cfg`."""
-        return cls(cfg.max_buffer_size, **cfg.transform_stages(), seed=seed)
 
     def add_game(self, record: GameRecord) -> int:
         """Add the learner's steps of a finished game; returns how many steps were added."""

@@ -19,6 +19,7 @@ import ray
 
 from unstable.algorithms.base import BaseAlgo
 from unstable.buffer import StepBuffer
+from unstable.buffer.config import BufferConfig
 from unstable.collector import Collector
 from unstable.collector.config import CollectorConfig
 from unstable.inference import InferenceClient, InferenceConfig, InferenceServer
@@ -85,7 +86,7 @@ class StepBufferActor(StepBuffer):
 
     def __init__(
         self,
-        max_buffer_size: int = 768,
+        max_buffer_size: int = BufferConfig.model_fields["max_buffer_size"].default,
         tracker=None,
         final_reward_transformation=None,
         step_reward_transformation=None,
@@ -105,10 +106,11 @@ class StepBufferActor(StepBuffer):
 
 @ray.remote(num_cpus=0)
 class ModelPoolActor(ModelPool):
-    """The seed's `ModelPool(sample_mode, max_active_lora, tracker)`; any other `PoolConfig` field by keyword."""
+    """The seed's `ModelPool(sample_mode=..., max_active_lora=..., tracker=...)`: every `PoolConfig` field by
+    keyword (its defaults when left out)."""
 
-    def __init__(self, sample_mode: str = "mirror", max_active_lora: int = 3, tracker=None, seed: int = 0, **settings):
-        super().__init__(PoolConfig(sample_mode=sample_mode, max_active_lora=max_active_lora, **settings), seed=seed)
+    def __init__(self, tracker=None, seed: int = 0, **settings):
+        super().__init__(PoolConfig(**settings), seed=seed)
         _register_source(tracker)
         _log_with(tracker, "model_pool")
 
