@@ -55,92 +55,124 @@ class PeakMemory:
             self._stop.wait(self.interval_s)
 
 
-def run_loop(args) -> dict:
-    """The whole loop on Ray; throughput from the tracker rows after the first (warm-up) step."""
+def run_loop(args, workers: int, steps: int) -> dict:
+    """The whole loop on Ray. Throughput counts every game and token after learner step 1 (the warm-up: Ray start,
+    model load, the first batch) up to the last row; the first learner step's time counts from the call."""
     from unstable.config import load_config
     from unstable.runtime import train
 
     overrides = [
-        f"learner.num_steps={args.steps}",
-        f"collector.num_workers={args.workers}",
+        f"learner.num_steps={steps}",
+        f"collector.num_workers={workers}",
         "collector.num_eval_workers=0",
         "evaluation.games_at_start=0",
         "evaluation.games_at_end=0",
         f"inference.backend={args.backend}",
         f"inference.max_new_tokens={args.max_new_tokens}",
+        f"inference.max_batch_size={max(workers, 1)}",
         f"learner.batch_size={args.batch_size}",
         "run.name=bench-loop",
         f"run.dir={args.run_dir}",
     ]
     cfg = load_config(ROOT / "examples" / "tictactoe-tiny.yaml", overrides)
-    rows = []
+    rows, arrived = [], []
     start = time.perf_counter()
+
+    def on_row(row):
+        rows.append(row)
+        arrived.append(time.perf_counter() - start)
+
     with PeakMemory() as memory:
-        train(cfg, on_row=rows.append)
-    steady = [r for r in rows if r.get("learner/step", 0) >= 2]
+        train(cfg, on_row=on_row)
+    first = next(i for i, r in enumerate(rows) if r.get("learner/step") == 1)
+    steady = rows[first + 1 :]
+    seconds = arrived[-1] - arrived[first]
     return {
+        "workers": workers,
         "wall_s": time.perf_counter() - start,
-        "games_per_s": statistics.mean(r["collector/games_per_s"] for r in steady),
-        "tokens_per_s": statistics.mean(r["inference/tokens_per_s"] for r in steady),
-        "learner_s_per_step": statistics.mean(r["learner/update_seconds"] for r in steady),
+        "first_learner_step_s": arrived[first],
+        "games_per_s": sum(r["collector/train_games"] for r in steady) / seconds,
+        "tokens_per_s": sum(r["inference/generated_tokens"] for r in steady) / seconds,
+        "mean_batch": statistics.mean(r["inference/mean_batch_size"] for r in steady),
+        "learner_s_per_step": statistics.mean(
+            r["learner/update_seconds"] for r in steady if "learner/update_seconds" in r
+        ),
         "peak_rss_gb": memory.peak_bytes / 1e9,
     }
 
 
 def run_bare(args, batch: int) -> dict:
-    """The bare backend: repeated batches of `batch` TicTacToe prompts, no Ray, no games."""
-    from unstable.games import get_template
+    """The bare backend, no Ray, no games: back-to-back batches of `batch` real TicTacToe prompts (observations
+    of random-vs-random games rendered with the loop's template, so prompt lengths match the loop's)."""
+    from unstable.collector.demonstrations import generate_sft_steps
     from unstable.inference import InferenceConfig, make_backend
     from unstable.models.tiny import ensure_tiny_model
-    from unstable.records import GenerationRequest
+    from unstable.records import EnvSpec, GenerationRequest
 
     model = str(ensure_tiny_model(ROOT / ".cache" / "tiny-qwen3"))
     backend = make_backend(model, InferenceConfig(backend=args.backend, max_new_tokens=args.max_new_tokens))
-    prompt = get_template("qwen3-zs").render("Current Board:\n 0 | 1 | 2 \nAvailable Moves: '[0]', '[1]', '[2]'")
-    requests = [GenerationRequest(prompt)] * batch
-    backend.generate(requests)  # warm-up
+    spec = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
+    steps = generate_sft_steps(spec, ["random", "random"], 4 * batch, backend.tokenizer, seed=0)
+    rounds = [[GenerationRequest(s.prompt) for s in steps[i : i + batch]] for i in range(0, len(steps), batch)]
+    rounds = [r for r in rounds if len(r) == batch][: args.bare_rounds + 1]
+    backend.generate(rounds[0])  # warm-up
     tokens, start = 0, time.perf_counter()
-    for _ in range(args.bare_rounds):
+    for requests in rounds[1:]:
         tokens += sum(len(r.completion_token_ids) for r in backend.generate(requests))
     elapsed = time.perf_counter() - start
     backend.close()
-    return {"batch": batch, "tokens_per_s": tokens / elapsed}
+    return {"batch": batch, "rounds": len(rounds) - 1, "tokens_per_s": tokens / elapsed}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="transformers", choices=["transformers", "vllm"])
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=24)
-    parser.add_argument("--bare-rounds", type=int, default=5)
+    parser.add_argument("--bare-rounds", type=int, default=10)
+    parser.add_argument(
+        "--scaling",
+        type=int,
+        nargs=2,
+        default=[1, 64],
+        metavar=("FEW", "MANY"),
+        help="games in flight of the concurrency comparison (learner steps: --steps // 2)",
+    )
     parser.add_argument("--run-dir", default="runs")
     parser.add_argument("--out", default="benchmarks/results/loop.json")
     args = parser.parse_args()
 
-    loop = run_loop(args)
+    loop = run_loop(args, args.workers, args.steps)
     bare = run_bare(args, batch=args.workers)  # the engine alone with as many requests as the loop has games
+    few, many = (run_loop(args, n, max(args.steps // 2, 3)) for n in args.scaling)
     result = {
         "backend": args.backend,
         "settings": vars(args),
         "loop": loop,
         "bare": bare,
         "loop_over_bare": loop["tokens_per_s"] / bare["tokens_per_s"],
+        "scaling": {"few": few, "many": many, "games_per_s_ratio": many["games_per_s"] / few["games_per_s"]},
         "cpus": os.cpu_count(),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"{'measure':<28}{'value':>12}")
+    print(f"{'measure':<36}{'value':>12}")
     for key, value in [
-        ("loop games/s", loop["games_per_s"]),
-        ("loop generated tok/s", loop["tokens_per_s"]),
+        (f"loop games/s @ {args.workers}", loop["games_per_s"]),
+        (f"loop generated tok/s @ {args.workers}", loop["tokens_per_s"]),
+        ("loop mean rows per forward", loop["mean_batch"]),
         ("learner s/step", loop["learner_s_per_step"]),
+        ("first learner step s (from call)", loop["first_learner_step_s"]),
         ("peak RSS GB (all procs)", loop["peak_rss_gb"]),
         (f"bare backend tok/s @ {bare['batch']}", bare["tokens_per_s"]),
         ("loop / bare", result["loop_over_bare"]),
+        (f"games/s @ {args.scaling[0]} in flight", few["games_per_s"]),
+        (f"games/s @ {args.scaling[1]} in flight", many["games_per_s"]),
+        (f"games/s ratio {args.scaling[1]} / {args.scaling[0]}", result["scaling"]["games_per_s_ratio"]),
     ]:
-        print(f"{key:<28}{value:>12.2f}")
+        print(f"{key:<36}{value:>12.2f}")
     print(f"wrote {args.out}")
 
 

@@ -47,7 +47,7 @@ def test_concurrent_requests_are_batched_with_exact_logprobs(server, tiny_model_
     for t in threads:
         t.join()
     stats = server.stats()
-    assert stats["inference/requests"] == 8 and stats["inference/batches"] < 8
+    assert stats["inference/requests"] == 8 and stats["inference/mean_batch_size"] > 1  # rows shared forward passes
     result = results[0]
     assert 1 <= len(result.completion_token_ids) <= 12 == len(result.logprobs) or result.finish_reason == "stop"
     assert len(result.logprobs) == len(result.completion_token_ids)

@@ -1,20 +1,25 @@
-"""A batching front for any backend: requests arriving within a few milliseconds share one forward pass.
+"""A continuously batching front for any backend: a request joins the running batch at the next decode step.
 
-Game threads call `generate` concurrently and block on a future; one worker thread drains the queue, makes
-sure each batch's adapters are resident (loading from the checkpoint path, evicting the least recently used
-beyond `max_loras`), runs the backend and resolves the futures. A backend with its own `submit` (vLLM's
-continuously batching engine, which also manages its adapters) gets each request straight away instead; the
-server only counts. The Ray actor is this class under `ray.remote(max_concurrency=...)`: the same code serves
+Game threads call `generate` concurrently and block on a future; one worker thread admits queued requests into
+the backend's running batch between decode steps (in arrival order, while there is room, their adapters fit in
+`max_loras` beside the running rows' and no newer full-weight checkpoint waits for the batch to drain), makes
+their adapters resident (loading from the checkpoint path, evicting the least recently used one no running row
+needs), steps the batch and resolves each future the moment its row finishes, so a finished row's slot goes to
+a waiting request at once. A backend with only `generate` runs as static batches (`StaticBatches`): an idle
+server waits up to `batch_wait_ms` for company, then completes the whole batch in one step. A backend with its
+own `submit` (vLLM's engine, which also manages its adapters) gets each request straight away; the server only
+counts. The Ray actor is this class under `ray.remote(max_concurrency=...)`: the same code serves
 local runs and tests.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
 
@@ -37,9 +42,14 @@ class InferenceServer:
         self.max_loras = cfg.max_loras
         self._queue: queue.Queue[tuple[GenerationRequest, Future]] = queue.Queue()
         self._resident: OrderedDict[str, Checkpoint] = OrderedDict()
-        self._full_weights_uid: str | None = None
+        self._full_weights_version = -1
+        self._tags = itertools.count()
+        self._waiting: deque[tuple[int, tuple[GenerationRequest, Future]]] = deque()
+        self._active: dict[int, tuple[GenerationRequest, Future]] = {}
+        self._waiting_since = 0.0  # when the oldest waiting request arrived
         self._counters = _Counters()
         self._backend: InferenceBackend | None = None
+        self._engine = None  # the backend's continuous batch, or StaticBatches over its `generate`
         self._worker: threading.Thread | None = None
         self._stopped = threading.Event()
 
@@ -48,6 +58,7 @@ class InferenceServer:
         if self._backend is not None:
             return
         self._backend = self._backend_factory()
+        self._engine = self._backend if hasattr(self._backend, "step") else StaticBatches(self._backend)
         if not hasattr(self._backend, "submit"):
             self._worker = threading.Thread(target=self._serve, name="inference-batcher", daemon=True)
             self._worker.start()
@@ -89,7 +100,7 @@ class InferenceServer:
 
         def count(future: Future) -> None:
             if future.exception() is None:
-                self._counters.add([future.result()], time.perf_counter() - start)
+                self._counters.add(1, [future.result()], time.perf_counter() - start)
 
         future = self._backend.submit(request)
         future.add_done_callback(count)
@@ -97,97 +108,172 @@ class InferenceServer:
 
     def _serve(self) -> None:
         while not self._stopped.is_set():
-            batch = self._next_batch()
-            if batch:
-                for part in self._split_by_adapters(batch):
-                    self._run_batch(part)
+            self._admit()
+            if len(self._engine):
+                self._step()
         self._fail_pending()
 
-    def _next_batch(self) -> list[tuple[GenerationRequest, Future]]:
-        first = self._queue.get()
-        if first[0] is None:
-            return []
-        batch = [first]
-        deadline = time.perf_counter() + self.batch_wait_s
-        while len(batch) < self.max_batch_size:
-            remaining = deadline - time.perf_counter()
+    def _admit(self) -> None:
+        """Move arrivals to the waiting line, then admit from its front what the batch can take now."""
+        idle = not len(self._engine) and not self._waiting
+        arrivals = self._arrivals(block=idle)
+        if arrivals and not self._waiting:
+            self._waiting_since = time.perf_counter()
+        self._waiting.extend(arrivals)
+        if not self._admission_due():
+            return
+        admitted = self._admissible()
+        if not admitted:
+            return
+        start = time.perf_counter()
+        try:
+            self._make_resident([r.checkpoint for _, (r, _) in admitted if r.checkpoint and r.checkpoint.is_adapter])
+            finished = self._engine.add([(tag, request) for tag, (request, _) in admitted])
+        except Exception as exc:  # noqa: BLE001 - the callers see the error through their futures
+            log.exception("admitting %d requests failed", len(admitted))
+            self._fail(dict(admitted), exc)
+            return
+        self._active.update(admitted)
+        self._finish(finished, rows=0, seconds=time.perf_counter() - start)
+
+    def _admission_due(self) -> bool:
+        """Whether to prefill the waiting requests now: the batch is empty, they fill its free rows, or the
+        oldest has waited `batch_wait_ms` (one prefill for several requests costs much less than one each)."""
+        if not self._waiting:
+            return False
+        free_rows = self.max_batch_size - len(self._engine)
+        waited = time.perf_counter() - self._waiting_since
+        return not len(self._engine) or len(self._waiting) >= free_rows or waited >= self.batch_wait_s
+
+    def _arrivals(self, block: bool) -> list[tuple[int, tuple[GenerationRequest, Future]]]:
+        """What is queued; when idle, wait for a first request and then up to `batch_wait_ms` for company."""
+        arrivals = []
+        deadline = None
+        while len(arrivals) < self.max_batch_size:
             try:
-                item = self._queue.get(timeout=max(remaining, 0.0)) if remaining > 0 else self._queue.get_nowait()
+                if block and deadline is None:
+                    item = self._queue.get()
+                    deadline = time.perf_counter() + self.batch_wait_s
+                elif block and deadline > time.perf_counter():
+                    item = self._queue.get(timeout=deadline - time.perf_counter())
+                else:
+                    item = self._queue.get_nowait()
             except queue.Empty:
                 break
             if item[0] is None:
                 self._stopped.set()
                 break
-            batch.append(item)
-        return batch
+            arrivals.append((next(self._tags), item))
+        return arrivals
 
-    def _split_by_adapters(self, batch: list[tuple[GenerationRequest, Future]]) -> list[list]:
-        """Split a batch so no part names more than `max_loras` adapters (base-model rows join the first)."""
+    def _admissible(self) -> list[tuple[int, tuple[GenerationRequest, Future]]]:
+        """Admit waiting requests in order while the batch has room, their adapters fit in `max_loras` beside
+        the running rows' and no newer full-weight checkpoint must first be loaded (that waits for the batch
+        to drain, so no row changes weights mid-completion)."""
+        admitted = []
+        adapters = self._engine.adapters_in_use()
+        while self._waiting and len(self._engine) + len(admitted) < self.max_batch_size:
+            request = self._waiting[0][1][0]
+            ckpt = request.checkpoint
+            if ckpt is not None and ckpt.kind == "full" and ckpt.version > self._full_weights_version:
+                if len(self._engine) or admitted:
+                    break
+                self._load_full_weights(ckpt)
+            if ckpt is not None and ckpt.is_adapter and ckpt.uid not in adapters:
+                if len(adapters) >= self.max_loras:
+                    break
+                adapters.add(ckpt.uid)
+            admitted.append(self._waiting.popleft())
+        return admitted
 
-        def uid(item):
-            ckpt = item[0].checkpoint
-            return ckpt.uid if ckpt is not None and ckpt.is_adapter else None
-
-        uids = list(dict.fromkeys(u for u in map(uid, batch) if u is not None))
-        if len(uids) <= self.max_loras:
-            return [batch]
-        groups = [set(uids[i : i + self.max_loras]) for i in range(0, len(uids), self.max_loras)]
-        parts = [[item for item in batch if uid(item) in group] for group in groups]
-        parts[0] += [item for item in batch if uid(item) is None]
-        return parts
-
-    def _run_batch(self, batch: list[tuple[GenerationRequest, Future]]) -> None:
-        requests = [request for request, _ in batch]
+    def _step(self) -> None:
+        rows = len(self._engine)
         start = time.perf_counter()
         try:
-            checkpoints = [r.checkpoint for r in requests if r.checkpoint is not None]
-            self._sync_full_weights([c for c in checkpoints if c.kind == "full"])
-            self._make_resident([c for c in checkpoints if c.is_adapter])
-            results = self._backend.generate(requests)
+            finished = self._engine.step()
         except Exception as exc:  # noqa: BLE001 - the callers see the error through their futures
-            log.exception("inference batch of %d failed", len(batch))
-            for _, future in batch:
-                future.set_exception(exc)
+            log.exception("decode step over %d rows failed", rows)
+            self._engine.clear()
+            self._fail(self._active, exc)
+            self._active = {}
             return
-        self._counters.add(results, time.perf_counter() - start)
-        for (_, future), result in zip(batch, results):
+        self._finish(finished, rows, time.perf_counter() - start)
+
+    def _finish(self, finished: list[tuple[int, GenerationResult]], rows: int, seconds: float) -> None:
+        self._counters.add(rows, [result for _, result in finished], seconds)
+        for tag, result in finished:
+            _, future = self._active.pop(tag)
             future.set_result(result)
 
-    def _sync_full_weights(self, checkpoints: list[Checkpoint]) -> None:
-        """Full fine-tuning: load the newest full checkpoint named by the batch into the base weights once."""
-        if not checkpoints:
-            return
-        newest = max(checkpoints, key=lambda c: c.version)
-        if newest.uid != self._full_weights_uid:
-            self._backend.load_weights(newest.path)
-            self._full_weights_uid = newest.uid
+    def _fail(self, items: dict[int, tuple[GenerationRequest, Future]], exc: Exception) -> None:
+        for _, future in items.values():
+            future.set_exception(exc)
+
+    def _load_full_weights(self, checkpoint: Checkpoint) -> None:
+        """Full fine-tuning: load a newer full checkpoint into the base weights (the batch is empty)."""
+        self._backend.load_weights(checkpoint.path)
+        self._full_weights_version = checkpoint.version
 
     def _make_resident(self, checkpoints: list[Checkpoint]) -> None:
+        """Load the adapters `checkpoints` name, evicting the least recently used ones no running row needs."""
         needed = {c.uid: c for c in checkpoints}
-        if len(needed) > self.max_loras:
-            raise RuntimeError(f"one batch needs {len(needed)} adapters but max_loras={self.max_loras}")
+        keep = needed.keys() | self._engine.adapters_in_use()
         for uid, checkpoint in needed.items():
             if uid in self._resident:
                 self._resident.move_to_end(uid)
                 continue
             while len(self._resident) >= self.max_loras:
-                victim = next(u for u in self._resident if u not in needed)
+                victim = next(u for u in self._resident if u not in keep)
                 self._backend.unload_adapter(victim)
                 del self._resident[victim]
             self._backend.load_adapter(checkpoint)
             self._resident[uid] = checkpoint
 
     def _fail_pending(self) -> None:
+        error = RuntimeError("inference server stopped")
+        self._fail(self._active, error)
+        self._fail(dict(self._waiting), error)
         while not self._queue.empty():
             _, future = self._queue.get_nowait()
             if future is not None:
-                future.set_exception(RuntimeError("inference server stopped"))
+                future.set_exception(error)
+
+
+class StaticBatches:
+    """The step protocol over a backend that only has `generate`: each step completes every admitted row."""
+
+    def __init__(self, backend: InferenceBackend):
+        self.backend = backend
+        self.pending: list[tuple[int, GenerationRequest]] = []
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def adapters_in_use(self) -> set[str]:
+        """The adapters of the admitted rows."""
+        return {r.checkpoint.uid for _, r in self.pending if r.checkpoint is not None and r.checkpoint.is_adapter}
+
+    def add(self, items: list[tuple[int, GenerationRequest]]) -> list[tuple[int, GenerationResult]]:
+        """Admit rows; none finishes before the next step."""
+        self.pending += items
+        return []
+
+    def step(self) -> list[tuple[int, GenerationResult]]:
+        """Generate every admitted row in one batch."""
+        items, self.pending = self.pending, []
+        return list(zip([tag for tag, _ in items], self.backend.generate([request for _, request in items])))
+
+    def clear(self) -> None:
+        """Forget the admitted rows."""
+        self.pending = []
 
 
 def merge_stats(per_server: list[dict[str, float]]) -> dict[str, float]:
-    """One `stats()` row for several servers: counts and tokens/s add up, busy fraction is the mean."""
+    """One `stats()` row for several servers: counts and tokens/s add up, rows per forward pass is the mean over
+    every server's forward passes, busy fraction the mean over servers."""
     merged = {key: sum(stats[key] for stats in per_server) for key in _SUMMED}
-    merged[keys.INFERENCE_MEAN_BATCH_SIZE] = merged[keys.INFERENCE_REQUESTS] / max(merged[keys.INFERENCE_BATCHES], 1)
+    rows = sum(s[keys.INFERENCE_MEAN_BATCH_SIZE] * s[keys.INFERENCE_BATCHES] for s in per_server)
+    merged[keys.INFERENCE_MEAN_BATCH_SIZE] = rows / max(merged[keys.INFERENCE_BATCHES], 1)
     merged[keys.INFERENCE_BUSY_FRACTION] = sum(s[keys.INFERENCE_BUSY_FRACTION] for s in per_server) / len(per_server)
     return merged
 
@@ -201,7 +287,7 @@ _SUMMED = (
 
 
 class _Counters:
-    """Thread-safe throughput counters."""
+    """Thread-safe throughput counters; a batch is one forward pass (a decode step) over the running rows."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -210,15 +296,18 @@ class _Counters:
     def _reset(self) -> None:
         self.requests = 0
         self.batches = 0
+        self.batch_rows = 0
         self.tokens = 0
         self.busy_s = 0.0
         self.since = time.perf_counter()
 
-    def add(self, results: list[GenerationResult], seconds: float) -> None:
+    def add(self, rows: int, finished: list[GenerationResult], seconds: float) -> None:
+        """Count one forward pass over `rows` rows (0: an admission) that finished `finished`."""
         with self._lock:
-            self.requests += len(results)
-            self.batches += 1
-            self.tokens += sum(len(r.completion_token_ids) for r in results)
+            self.requests += len(finished)
+            self.batches += rows > 0
+            self.batch_rows += rows
+            self.tokens += sum(len(r.completion_token_ids) for r in finished)
             self.busy_s += seconds
 
     def snapshot(self, reset: bool) -> dict[str, float]:
@@ -229,7 +318,7 @@ class _Counters:
                 keys.INFERENCE_BATCHES: self.batches,
                 keys.INFERENCE_GENERATED_TOKENS: self.tokens,
                 keys.INFERENCE_TOKENS_PER_S: self.tokens / elapsed,
-                keys.INFERENCE_MEAN_BATCH_SIZE: self.requests / max(self.batches, 1),
+                keys.INFERENCE_MEAN_BATCH_SIZE: self.batch_rows / max(self.batches, 1),
                 keys.INFERENCE_BUSY_FRACTION: self.busy_s / elapsed,
             }
             if reset:

@@ -1,8 +1,9 @@
-"""The embedded default backend: transformers `generate` with PEFT multi-adapter batches (CPU friendly)."""
+"""The embedded default backend: a transformers model decoded by continuous batching, PEFT adapters per row."""
 
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 
@@ -15,13 +16,15 @@ from unstable.inference.base import (
     prompt_fits,
     prompt_too_long,
 )
+from unstable.inference.decoding import DecodeBatch, Row, supports_continuous_batching
 from unstable.records import Checkpoint
-
-BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in a mixed-adapter batch
 
 
 class TransformersBackend(InferenceBackend):
-    """Serves a causal LM and any number of LoRA adapters; one `generate` call mixes adapters row by row."""
+    """Serves a causal LM and any number of LoRA adapters; one forward pass mixes adapters row by row.
+
+    The server drives its continuous batch with `add` and `step`; `generate` completes a batch on its own.
+    """
 
     def __init__(
         self,
@@ -44,7 +47,13 @@ class TransformersBackend(InferenceBackend):
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device)
         self.model.eval()
+        if not supports_continuous_batching(self.model):
+            raise ValueError(
+                f"model {model_path!r} ({self.model.config.model_type}) uses a sliding-window or static KV cache, "
+                "which the transformers backend's continuous batching cannot merge; use inference.backend: vllm"
+            )
         self.adapters: set[str] = set()
+        self._running = self._new_batch()
 
     def load_adapter(self, checkpoint: Checkpoint) -> None:
         """Load a PEFT adapter directory under `checkpoint.uid` (the first one wraps the model in PeftModel)."""
@@ -54,6 +63,7 @@ class TransformersBackend(InferenceBackend):
             return
         if not self.adapters and not isinstance(self.model, PeftModel):
             self.model = PeftModel.from_pretrained(self.model, checkpoint.path, adapter_name=checkpoint.uid)
+            self._running.model = self.model
         else:
             self.model.load_adapter(checkpoint.path, adapter_name=checkpoint.uid)
         self.model.eval()
@@ -76,86 +86,67 @@ class TransformersBackend(InferenceBackend):
         new_state = AutoModelForCausalLM.from_pretrained(path, dtype=self.model.dtype).state_dict()
         self.model.load_state_dict(new_state)
 
-    @torch.no_grad()
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        """Sample completions for a batch, returning tokens and their log-probs under the sampling policy."""
-        encoded = [self.tokenizer(r.prompt, add_special_tokens=False)["input_ids"] for r in requests]
-        fits = [prompt_fits(ids, self.max_model_len, self.sampling) for ids in encoded]
-        results: list[GenerationResult | None] = [
-            None if ok else prompt_too_long(ids) for ids, ok in zip(encoded, fits)
-        ]
-        rows = [i for i, ok in enumerate(fits) if ok]
-        if rows:
-            batch = [encoded[i] for i in rows]
-            adapters = [self._adapter_name(requests[i]) for i in rows]
-            for i, result in zip(rows, self._generate_rows(batch, adapters)):
-                results[i] = result
-        return results  # type: ignore[return-value]
+        """Complete a batch of requests (a private running batch: rows join at once and leave as they finish)."""
+        batch = self._new_batch()
+        results: dict[int, GenerationResult] = dict(self._admit(batch, list(enumerate(requests))))
+        while len(batch):
+            results.update(self._results(batch.step()))
+        return [results[i] for i in range(len(requests))]
 
-    def _adapter_name(self, request: GenerationRequest) -> str:
+    def __len__(self) -> int:
+        """Rows generating in the continuous batch."""
+        return len(self._running)
+
+    def adapters_in_use(self) -> set[str]:
+        """The adapters the continuous batch's rows use."""
+        return self._running.adapters_in_use()
+
+    def add(self, items: list[tuple[Any, GenerationRequest]]) -> list[tuple[Any, GenerationResult]]:
+        """Admit `(tag, request)` pairs to the continuous batch; returns those finished already (a prompt too
+        long for the context, or a first token that ends the completion)."""
+        return self._admit(self._running, items)
+
+    def step(self) -> list[tuple[Any, GenerationResult]]:
+        """One decode step of the continuous batch; returns `(tag, result)` of the rows that finished."""
+        return self._results(self._running.step())
+
+    def clear(self) -> None:
+        """Forget every running row (after a failed step; their callers were told)."""
+        self._running = self._new_batch()
+
+    def _new_batch(self) -> DecodeBatch:
+        return DecodeBatch(
+            self.model,
+            self.sampling,
+            eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id,
+            device=self.device,
+        )
+
+    def _admit(
+        self, batch: DecodeBatch, items: list[tuple[Any, GenerationRequest]]
+    ) -> list[tuple[Any, GenerationResult]]:
+        rows, too_long = [], []
+        for tag, request in items:
+            ids = self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
+            if prompt_fits(ids, self.max_model_len, self.sampling):
+                rows.append(Row(tag, ids, self._adapter_name(request)))
+            else:
+                too_long.append((tag, prompt_too_long(ids)))
+        return too_long + self._results(batch.add(rows))
+
+    def _results(self, rows: list[Row]) -> list[tuple[Any, GenerationResult]]:
+        """Each finished row's result (the eos token stays in the ids: the policy must learn to stop)."""
+        return [
+            (row.tag, decoded_result(self.tokenizer, row.prompt, row.tokens, row.logprobs, row.finish_reason))
+            for row in rows
+        ]
+
+    def _adapter_name(self, request: GenerationRequest) -> str | None:
         ckpt = request.checkpoint
         if ckpt is None or not ckpt.is_adapter:
-            return BASE_ADAPTER
+            return None
         if ckpt.uid not in self.adapters:
             raise KeyError(f"adapter {ckpt.uid!r} is not loaded; call load_adapter first")
         return ckpt.uid
-
-    def _generate_rows(self, prompts: list[list[int]], adapters: list[str]) -> list[GenerationResult]:
-        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
-
-        padded = self.tokenizer.pad({"input_ids": prompts}, return_tensors="pt").to(self.device)
-        greedy = self.sampling.temperature == 0
-        recorder = SampledTokenLogprobs(1.0 if greedy else self.sampling.temperature)
-        processors = [recorder]  # sees the raw logits; the warpers below shape only what is sampled
-        if not greedy:
-            processors += [TemperatureLogitsWarper(self.sampling.temperature), TopPLogitsWarper(self.sampling.top_p)]
-        extra = {"adapter_names": adapters} if self.adapters else {}
-        out = self.model.generate(
-            **padded,
-            do_sample=not greedy,
-            temperature=1.0,  # neutral values override the model's generation_config: only our warpers shape it
-            top_p=1.0,
-            top_k=0,
-            max_new_tokens=self.sampling.max_new_tokens,
-            logits_processor=LogitsProcessorList(processors),
-            return_dict_in_generate=True,
-            pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_id=self.tokenizer.eos_token_id,
-            **extra,
-        )
-        new_tokens = out.sequences[:, padded["input_ids"].shape[1] :]  # (B, T)
-        token_logprobs = recorder.finish(new_tokens[:, -1])  # (B, T)
-        return [self._row_result(p, t, lp) for p, t, lp in zip(prompts, new_tokens.tolist(), token_logprobs.tolist())]
-
-    def _row_result(self, prompt: list[int], tokens: list[int], logprobs: list[float]) -> GenerationResult:
-        eos = self.tokenizer.eos_token_id
-        finish = "length"
-        if eos in tokens:
-            end = tokens.index(eos) + 1  # keep the eos token: the policy must learn to stop
-            tokens, logprobs, finish = tokens[:end], logprobs[:end], "stop"
-        return decoded_result(self.tokenizer, prompt, tokens, logprobs, finish)
-
-
-class SampledTokenLogprobs:
-    """A logits processor that records `log softmax(logits / temperature)[token]` of each sampled token.
-
-    At step t it sees step t's raw logits and, as the last input id, the token sampled at step t-1; it keeps one
-    step's `(B, V)` log-probs, never all of them (`output_logits` would hold `(B, T, V)`). `finish(last_tokens)`
-    adds the last step's token and returns the `(B, T)` log-probs.
-    """
-
-    def __init__(self, temperature: float):
-        self.temperature = temperature
-        self.previous: torch.Tensor | None = None  # (B, V) log-probs of the step before
-        self.logprobs: list[torch.Tensor] = []
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.previous is not None:
-            self.logprobs.append(self.previous.gather(-1, input_ids[:, -1:]).squeeze(-1))  # (B,)
-        self.previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)  # (B, V)
-        return scores
-
-    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
-        """The log-probs of every generated token, `(B, T)`."""
-        self.logprobs.append(self.previous.gather(-1, last_tokens[:, None]).squeeze(-1))
-        return torch.stack(self.logprobs, dim=1)  # (B, T)

@@ -1,0 +1,197 @@
+"""Continuous batching for a transformers causal LM: rows join and leave a running batch between decode steps.
+
+A `DecodeBatch` holds the rows being generated, their shared KV cache (left-padded to one length), the attention
+mask and each row's next position. `add` prefills new prompts in one forward pass and merges their cache into
+the running one; `step` runs one decode forward over every row, samples a token per row (recording its log-prob
+under the sampling temperature, computed from one step's logits only) and returns the rows that finished, which
+leave the batch at once so a waiting request can take their place. Only the last position's logits are
+computed (`logits_to_keep=1`), never `(tokens, vocab)` for a whole prompt.
+
+Rows may name different LoRA adapters: a PEFT model applies each row's adapter in the same forward pass
+(`adapter_names`, one sub-batch per adapter, not per row).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from unstable.inference.base import SamplingConfig
+
+
+@dataclass
+class Row:
+    """One request being generated: its prompt, what it has produced so far and who is waiting for it."""
+
+    tag: Any
+    prompt: list[int]
+    adapter: str | None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = ""
+
+
+def sample_tokens(
+    logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row of `logits` (B, V); returns the tokens (B,) and their log-probs (B,) under
+    `softmax(logits / temperature)` (temperature 1 when greedy), before top-p truncation: the behaviour policy
+    the learner corrects towards is the tempered distribution, as in vLLM's `logprobs`."""
+    logits = logits.float()
+    if sampling.temperature == 0:
+        tokens = logits.argmax(-1)  # (B,)
+        logprobs = torch.log_softmax(logits, -1)  # (B, V)
+    else:
+        logprobs = torch.log_softmax(logits / sampling.temperature, -1)  # (B, V)
+        probs = logprobs.exp()
+        if sampling.top_p < 1.0:
+            probs = _top_p_filter(probs, sampling.top_p)
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero every token outside the smallest set whose mass reaches `top_p` (the top token always stays)."""
+    sorted_probs, order = probs.sort(-1, descending=True)  # (B, V)
+    outside = sorted_probs.cumsum(-1) - sorted_probs >= top_p
+    sorted_probs[outside] = 0.0
+    return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+
+
+class DecodeBatch:
+    """The running batch of a continuously batching engine (see the module docstring)."""
+
+    def __init__(self, model, sampling: SamplingConfig, *, eos_token_id: int, pad_token_id: int, device: str):
+        self.model = model
+        self.sampling = sampling
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+        self.device = device
+        self.rows: list[Row] = []
+        self.cache = None  # a DynamicCache whose layers hold (B, heads, L, head_dim) keys and values
+        self.mask = torch.zeros(0, 0, dtype=torch.long, device=device)  # (B, L): 1 where the cache holds a token
+        self.positions = torch.zeros(0, dtype=torch.long, device=device)  # (B,) position of each row's next token
+        self.next_tokens = torch.zeros(0, dtype=torch.long, device=device)  # (B,) sampled, not yet in the cache
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def adapters_in_use(self) -> set[str]:
+        """The adapters the running rows use."""
+        return {row.adapter for row in self.rows if row.adapter is not None}
+
+    @torch.no_grad()
+    def add(self, rows: list[Row]) -> list[Row]:
+        """Prefill `rows` (one padded forward pass), sample each one's first token and join the batch; returns
+        the rows already finished by that token."""
+        if not rows:
+            return []
+        width = max(len(row.prompt) for row in rows)
+        ids = torch.tensor([[self.pad_token_id] * (width - len(r.prompt)) + r.prompt for r in rows], device=self.device)
+        mask = torch.tensor([[0] * (width - len(r.prompt)) + [1] * len(r.prompt) for r in rows], device=self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (N, P)
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(ids, mask, positions, cache, [r.adapter for r in rows])  # (N, V)
+        self._merge(rows, cache, mask, positions[:, -1] + 1)
+        return self._record(logits, first_new_row=len(self.rows) - len(rows))
+
+    @torch.no_grad()
+    def step(self) -> list[Row]:
+        """One decode step for every row; returns (and removes) the rows that finished."""
+        if not self.rows:
+            return []
+        ones = torch.ones(len(self.rows), 1, dtype=self.mask.dtype, device=self.device)
+        self.mask = torch.cat([self.mask, ones], dim=1)  # (B, L + 1)
+        adapters = [row.adapter for row in self.rows]
+        logits = self._forward(self.next_tokens[:, None], self.mask, self.positions[:, None], self.cache, adapters)
+        self.positions = self.positions + 1
+        return self._record(logits, first_new_row=0)
+
+    def _forward(self, ids, mask, positions, cache, adapters: list[str | None]) -> torch.Tensor:
+        # a PEFT model applies its "active" adapter to rows that name none: name the base explicitly
+        extra = {"adapter_names": [a or "__base__" for a in adapters]} if hasattr(self.model, "peft_config") else {}
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **extra,
+        )
+        return out.logits[:, -1]  # (B, V)
+
+    def _record(self, logits: torch.Tensor, first_new_row: int) -> list[Row]:
+        """Sample the next token of rows `first_new_row:` from their logits, append it, drop finished rows."""
+        tokens, logprobs = sample_tokens(logits, self.sampling)  # (N,), (N,)
+        new_rows = self.rows[first_new_row:]
+        for row, token, logprob in zip(new_rows, tokens.tolist(), logprobs.tolist()):
+            row.tokens.append(token)
+            row.logprobs.append(logprob)
+            if token == self.eos_token_id:
+                row.finish_reason = "stop"
+            elif len(row.tokens) >= self.sampling.max_new_tokens:
+                row.finish_reason = "length"
+        self.next_tokens = torch.cat([self.next_tokens[:first_new_row], tokens])  # (B,)
+        return self._drop_finished()
+
+    def _drop_finished(self) -> list[Row]:
+        finished = [row for row in self.rows if row.finish_reason]
+        if not finished:
+            return []
+        keep = [i for i, row in enumerate(self.rows) if not row.finish_reason]
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self.rows = [self.rows[i] for i in keep]
+        self.mask, self.positions, self.next_tokens = self.mask[index], self.positions[index], self.next_tokens[index]
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[index], layer.values[index]
+        self._trim_left_padding()
+        return finished
+
+    def _trim_left_padding(self) -> None:
+        """Drop cache columns that no remaining row attends to (left padding of rows that left)."""
+        used = self.mask.any(0).nonzero()
+        first = int(used[0]) if len(used) else self.mask.shape[1]
+        if first:
+            self.mask = self.mask[:, first:]
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+
+    def _merge(self, rows: list[Row], cache, mask: torch.Tensor, positions: torch.Tensor) -> None:
+        """Append prefilled rows to the batch, left-padding the shorter cache so both have one length."""
+        if not self.rows:
+            self.rows, self.cache, self.mask, self.positions = list(rows), cache, mask, positions
+            return
+        width = max(self.mask.shape[1], mask.shape[1])
+        for old, new in zip(self.cache.layers, cache.layers):
+            old.keys = torch.cat([_pad_left(old.keys, width, 2), _pad_left(new.keys, width, 2)])
+            old.values = torch.cat([_pad_left(old.values, width, 2), _pad_left(new.values, width, 2)])
+        self.mask = torch.cat([_pad_left(self.mask, width, 1), _pad_left(mask, width, 1)])  # (B + N, width)
+        self.positions = torch.cat([self.positions, positions])
+        self.rows += rows
+
+
+def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """Zero-pad `tensor` at the start of `dim` up to `width`."""
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def supports_continuous_batching(model) -> bool:
+    """Whether the model's cache is the plain per-layer key/value kind `DecodeBatch` can merge and split."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    try:
+        cache = DynamicCache(config=model.config)
+    except Exception:  # noqa: BLE001 - a config the cache cannot read: fall back to static batches
+        return False
+    return all(type(layer) is DynamicLayer for layer in cache.layers)

@@ -1,0 +1,100 @@
+"""Continuous batching: rows that join a running batch mid-generation, with other prompt lengths and other LoRA
+adapters, get exactly the tokens' log-probs a plain forward pass over their whole sequence gives."""
+
+import threading
+
+import pytest
+import torch
+
+from unstable.games import get_template
+from unstable.inference import InferenceConfig, InferenceServer, SamplingConfig
+from unstable.inference.decoding import Row, sample_tokens
+from unstable.inference.transformers_backend import TransformersBackend
+from unstable.records import Checkpoint, GenerationRequest
+
+TEMPLATE = get_template("qwen3-zs")
+SHORT = TEMPLATE.render("Available Moves: '[0]'")
+LONG = TEMPLATE.render("Current Board:\n 0 | 1 | 2 \n 3 | 4 | 5 \nAvailable Moves: '[0]', '[1]', '[2]', '[5]'")
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_model_dir, tmp_path_factory) -> Checkpoint:
+    """A LoRA adapter with non-zero weights, so its rows differ from the base model's."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    path = tmp_path_factory.mktemp("adapter")
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    )
+    model.save_pretrained(path)
+    return Checkpoint("lora-1", str(path))
+
+
+def recomputed_logprobs(model, row: Row, adapter: str | None, temperature: float) -> list[float]:
+    """log softmax(logits / temperature)[token] of each generated token, from one forward pass."""
+    ids = torch.tensor([row.prompt + row.tokens])
+    extra = {"adapter_names": [adapter or "__base__"]} if hasattr(model, "peft_config") else {}
+    with torch.no_grad():
+        logits = model(ids, **extra).logits[0, len(row.prompt) - 1 : -1] / temperature  # (T, V)
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(row.tokens)[:, None]).squeeze(-1).tolist()
+
+
+def test_rows_joining_mid_generation_keep_exact_logprobs(tiny_model_dir, adapter):
+    backend = TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=10, temperature=0.8))
+    backend.load_adapter(adapter)
+    tokenize = lambda text: backend.tokenizer(text, add_special_tokens=False)["input_ids"]
+    batch = backend._new_batch()
+    finished = batch.add([Row("a", tokenize(LONG), None)])
+    for _ in range(3):
+        finished += batch.step()
+    # two rows join a batch whose cache is 3 tokens into another row's completion: a shorter prompt and an adapter
+    finished += batch.add([Row("b", tokenize(SHORT), adapter.uid), Row("c", tokenize(LONG), None)])
+    assert len(batch) + len(finished) == 3 and batch.adapters_in_use() <= {adapter.uid}
+    while len(batch):
+        finished += batch.step()
+    assert sorted(row.tag for row in finished) == ["a", "b", "c"]
+    for row in finished:
+        assert len(row.tokens) == len(row.logprobs) and row.finish_reason in ("stop", "length")
+        expected = recomputed_logprobs(backend.model, row, row.adapter, 0.8)
+        assert row.logprobs == pytest.approx(expected, abs=1e-4), row.tag
+    assert batch.mask.shape[0] == 0  # every row left, and the cache with them
+
+
+def test_a_finished_rows_slot_goes_to_a_waiting_request(tiny_model_dir):
+    """With room for two rows, the third request starts as soon as one of the first two finishes: the forward
+    passes that ran never hold more than two rows, and all three complete."""
+    backend = TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=6))
+    server = InferenceServer(lambda: backend, InferenceConfig(max_batch_size=2, batch_wait_ms=50))
+    server.start()
+    results = [None] * 3
+    threads = [
+        threading.Thread(target=lambda i=i: results.__setitem__(i, server.generate(GenerationRequest(SHORT))))
+        for i in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stats = server.stats()
+    server.stop()
+    assert all(r.completion_token_ids for r in results)
+    assert 1 < stats["inference/mean_batch_size"] <= 2
+
+
+def test_greedy_continuous_batching_matches_one_row_at_a_time(tiny_model_dir):
+    backend = TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=8, temperature=0.0))
+    requests = [GenerationRequest(p) for p in (SHORT, LONG, SHORT + " ", LONG)]
+    together = backend.generate(requests)
+    alone = [backend.generate([r])[0] for r in requests]
+    assert [r.completion_token_ids for r in together] == [r.completion_token_ids for r in alone]
+    for a, b in zip(together, alone):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_top_p_sampling_never_picks_outside_the_nucleus():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(2000, 1)  # (N, V)
+    tokens, logprobs = sample_tokens(logits, SamplingConfig(temperature=1.0, top_p=0.7))
+    assert set(tokens.tolist()) == {0, 1}  # 0.5 + 0.3 reaches 0.7; 0.15 and 0.05 are cut
+    assert logprobs[tokens == 1][0].item() == pytest.approx(torch.log(torch.tensor(0.3)).item(), abs=1e-5)
