@@ -391,3 +391,25 @@ def test_policy_log_probs_equal_a_full_vocabulary_softmax_without_building_one(t
     torch.testing.assert_close(out.entropy, entropy, atol=1e-5, rtol=1e-5)
     rows = torch.arange(2)
     torch.testing.assert_close(out.encodings, full.hidden_states[-1][rows, decision_positions(batch)])
+
+
+def test_packed_sequences_and_bf16_autocast_give_the_padded_float32_log_probs(tiny_model_dir, bandit):
+    """`pack_sequences` runs the decoder on the real tokens only (one row, position ids restarting per sequence):
+    the log-probs and encodings equal the padded batch's; bf16 autocast stays within bf16's precision."""
+    steps = [_step(prompt=bandit["prompt"], completion=c) for c in (bandit["good"], bandit["other_prompt"][:3])]
+    outputs = {}
+    for name, options in {
+        "padded": {},
+        "packed": {"pack_sequences": True},
+        "bf16": {"autocast_dtype": "bfloat16"},
+    }.items():
+        policy = PolicyModel(tiny_model_dir, LearnerConfig(lora=None, **options))
+        policy.load()
+        batch = collate(steps, policy.pad_id)
+        with torch.no_grad():
+            outputs[name] = policy.forward(batch, encodings=True)
+    assert batch.attention_mask.sum() < batch.attention_mask.numel()  # the batch has padding to skip
+    torch.testing.assert_close(outputs["packed"].logprobs, outputs["padded"].logprobs, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outputs["packed"].encodings, outputs["padded"].encodings, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outputs["bf16"].logprobs, outputs["padded"].logprobs, atol=0.1, rtol=0.05)
+    assert not torch.equal(outputs["bf16"].logprobs, outputs["padded"].logprobs)  # autocast did run in bf16

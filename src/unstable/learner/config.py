@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -53,7 +53,15 @@ class LearnerConfig(Settings):
     )
     lora: LoraConfig | None = LoraConfig()
     initial_lora_path: str | None = Field(None, description="start from this adapter (or full model with lora: null)")
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass (less memory)")
+    autocast_dtype: Literal["bfloat16", "float16"] | None = Field(
+        None, description="run forward passes under torch.autocast in this dtype (None: the model's own dtype)"
+    )
+    pack_sequences: bool = Field(
+        False,
+        description="run the decoder on each micro-batch's real tokens packed into one row, no padding (position "
+        "ids restart per sequence); pays with a varlen attention kernel (flash_attention_2 on GPU)",
+    )
     num_threads: int | None = Field(1, ge=1, description="torch threads of the learner process")
     num_gpus: float = Field(0.0, ge=0.0, description="GPUs of the learner actor; > 0 puts the model on cuda")
     max_staleness: int | None = Field(

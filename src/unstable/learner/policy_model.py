@@ -98,9 +98,8 @@ class PolicyModel:
         sequence and their logits are never needed.
         """
         causal_lm = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        hidden = causal_lm.get_decoder()(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask
-        ).last_hidden_state  # (B, L, H)
+        with self._autocast():
+            hidden = self._hidden_states(causal_lm.get_decoder(), batch)  # (B, L, H)
         rows, cols = batch.completion_mask.nonzero(as_tuple=True)  # completion targets: position t predicts t+1
         targets = batch.input_ids[rows, cols + 1]  # (N,)
         head = causal_lm.get_output_embeddings()
@@ -113,6 +112,22 @@ class PolicyModel:
         if entropy:
             result.entropy = torch.zeros_like(logprobs).index_put((rows, cols), token_entropy)  # (B, L-1)
         return result
+
+    def _autocast(self):
+        """Mixed precision for the forward pass when `cfg.autocast_dtype` is set, else a no-op context."""
+        dtype = getattr(torch, self.cfg.autocast_dtype) if self.cfg.autocast_dtype else None
+        return torch.autocast(device_type=self.device, dtype=dtype, enabled=dtype is not None)
+
+    def _hidden_states(self, decoder: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
+        """The decoder's last hidden states `(B, L, H)`; with `cfg.pack_sequences` computed on the real tokens
+        packed into one row (no attention mask, position ids restarting per sequence) and scattered back."""
+        if not self.cfg.pack_sequences:  # no KV cache: a training forward never decodes further
+            return decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)[0]
+        real = batch.attention_mask.bool()  # (B, L)
+        positions = batch.attention_mask.cumsum(-1) - 1  # (B, L): 0, 1, ... along each sequence's own tokens
+        packed = decoder(input_ids=batch.input_ids[real][None], position_ids=positions[real][None], use_cache=False)
+        states = packed.last_hidden_state[0]  # (T, H): the real tokens of every row, one after another
+        return states.new_zeros(*real.shape, states.shape[-1]).index_put(real.nonzero(as_tuple=True), states)
 
     def _token_scores(
         self, head: torch.nn.Module, states: torch.Tensor, targets: torch.Tensor, entropy: bool
