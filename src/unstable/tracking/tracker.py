@@ -51,6 +51,33 @@ def new_run_dir(path: Path) -> Path:
     return candidate
 
 
+def truncate_metrics(path: Path, step: int) -> int:
+    """Keep the rows of `path` up to and including the one of learner step `step`; returns the rows dropped.
+
+    The rule of resume: rows after the last saved step belong to work the kill lost (the resumed run redoes
+    it), and a torn last line is one of them, so the resumed run appends with no learner step twice or missing.
+    With `step` -1 (no state saved) every row goes: the run starts over.
+    """
+    if not path.exists():
+        return 0
+    lines = path.read_text().splitlines()
+    kept = 0
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if row.get(keys.STEP) == step:
+            kept = i + 1
+            break
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in lines[:kept]))
+    os.replace(tmp, path)
+    if kept < len(lines):
+        log.warning("resume at learner step %d: dropped %d rows of %s written after it", step, len(lines) - kept, path)
+    return len(lines) - kept
+
+
 class MetricSource(Protocol):
     """A component whose gauges the Tracker reads when it writes a row (buffer, pool, inference client)."""
 
@@ -104,6 +131,15 @@ class Tracker:
         self._window_games = []
         self._window_start = now
         return row
+
+    def state_dict(self) -> dict[str, Any]:
+        """Game totals and the run's elapsed seconds, for resume (rows themselves stay in `metrics.jsonl`)."""
+        return {"totals": dict(self.totals), "elapsed": time.time() - self.start}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue totals and the `time` column from `state_dict()`'s output."""
+        self.totals = Counter(state["totals"])
+        self.start = time.time() - state["elapsed"]
 
     def get_run_dir(self) -> str:
         """The run directory (other actors write their checkpoints under it)."""
