@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
@@ -30,6 +31,14 @@ class AlgorithmConfig(Settings):
         from unstable.algorithms import ALGORITHMS
 
         return check_registered(value, ALGORITHMS, "algorithm")
+
+    @model_validator(mode="after")
+    def _args_fit(self) -> AlgorithmConfig:
+        try:
+            self.build()  # cheap: heads and optimizers are made in `initialize`
+        except TypeError as exc:
+            raise ValueError(f"args {self.args} do not fit algorithm {self.name!r}: {exc}") from None
+        return self
 
     def build(self):
         """A fresh instance of the configured algorithm."""
@@ -83,6 +92,13 @@ class LearnerConfig(Settings):
     retention: RetentionConfig = RetentionConfig()
     poll_interval_s: float = Field(0.05, gt=0.0, description="how often the loop asks the buffer for a batch")
     algorithm: AlgorithmConfig = AlgorithmConfig()
+
+    @field_validator("initial_lora_path")
+    @classmethod
+    def _start_exists(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).expanduser().is_dir():
+            raise ValueError("no such checkpoint directory")
+        return value
 
     @model_validator(mode="after")
     def _mini_batch_fits(self) -> LearnerConfig:

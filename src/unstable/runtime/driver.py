@@ -119,8 +119,8 @@ def check_resources(cfg: RunConfig) -> None:
     have = torch.cuda.device_count()
     if needed > have and "RAY_ADDRESS" not in os.environ:
         raise ConfigError(
-            f"learner.num_gpus + inference.num_gpus x inference.num_actors = {needed}: more GPUs than this machine "
-            f"has ({have})"
+            f"inference.num_gpus = {cfg.inference.num_gpus} x inference.num_actors = {cfg.inference.num_actors} + "
+            f"learner.num_gpus = {cfg.learner.num_gpus}: {needed} GPUs, but this machine has {have}"
         )
 
 
