@@ -42,6 +42,9 @@ GAMES_PER_S = "collector/games_per_s"
 GAME_TOKENS_PER_S = "collector/tokens_per_s"
 TRAIN_GAMES = "collector/train_games"
 FAILED_GAMES = "collector/failed_games"
+# + the exception's name (an env that raised, APIOpponentError, a dead inference actor's RayActorError, ...):
+# failed games by cause since the run began
+FAILED_BY_CAUSE = "total/failed_games/"
 MEAN_TURNS = "collector/mean_turns"
 FORMAT_OK_RATE = "collector/format_ok_rate"
 INVALID_MOVE_RATE = "collector/invalid_move_rate"
