@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from unstable.settings import Settings, check_registered
 
@@ -21,6 +21,16 @@ class TransformConfig(Settings):
         from unstable.rewards import TRANSFORMS
 
         return check_registered(value, TRANSFORMS, "reward transform")
+
+    @model_validator(mode="after")
+    def _args_fit(self) -> TransformConfig:
+        from unstable.rewards import build_transform
+
+        try:
+            build_transform(self.name, self.args)
+        except TypeError as exc:
+            raise ValueError(f"args {self.args} do not fit reward transform {self.name!r}: {exc}") from None
+        return self
 
 
 class BufferConfig(Settings):

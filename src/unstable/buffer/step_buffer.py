@@ -6,6 +6,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from unstable.records import GameRecord, Step
 from unstable.tracking import keys
@@ -102,6 +103,29 @@ class StepBuffer:
         rest = [i for unit in order for i in unit if i not in taken]
         return taken | set(rest[: batch_size - len(taken)])
 
+    def state_dict(self) -> dict[str, Any]:
+        """Counters, the draw RNG and the reward transforms' state (running baselines), for resume. The steps
+        themselves are not kept: they came from policies the resumed learner has moved past."""
+        return {
+            "counters": dict(self.counters),
+            "rng": self._rng.getstate(),
+            "transforms": [_state(t) for t in (self.final_transform, self.step_transform, self.sampling_transform)],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned (with the same transforms configured)."""
+        self.counters = dict(state["counters"])
+        self._rng.setstate(state["rng"])
+        stages = (self.final_transform, self.step_transform, self.sampling_transform)
+        for transform, saved in zip(stages, state["transforms"]):
+            if saved is not None:
+                transform.load_state_dict(saved)
+
     def metrics(self) -> dict[str, float]:
         """Counters and the current size, for the tracker."""
         return self.counters | {keys.BUFFER_SIZE: len(self.steps)}
+
+
+def _state(transform: Callable | None) -> Any:
+    """A reward stage's `state_dict()`; None for no stage or a plain callable (a seed script's), which keeps none."""
+    return transform.state_dict() if hasattr(transform, "state_dict") else None

@@ -41,14 +41,25 @@ def _format_eval(name: str, table: dict[str, Any]) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """`unstable train CONFIG`: run the whole loop and print a summary."""
-    from unstable.config import load_config
-    from unstable.runtime import train
+    """`unstable train CONFIG` runs the whole loop and prints a summary; `unstable train --resume RUN_DIR`
+    continues a run from its last saved state."""
+    from unstable.config import ConfigError, load_config
+    from unstable.runtime import resume_training, train
 
-    cfg = load_config(args.config, args.set)
+    if (args.config is None) == (args.resume is None):
+        raise ConfigError("train needs a CONFIG file or --resume RUN_DIR (not both)")
+    cfg = load_config(args.config or os.path.join(args.resume, "config.yaml"), args.set)
     total = cfg.learner.num_steps
-    print(f"unstable: training {cfg.run.name} for {total} learner steps", flush=True)
-    summary = train(cfg, on_row=lambda row: print(format_progress(row, total), flush=True))
+
+    def print_row(row: dict[str, Any]) -> None:
+        print(format_progress(row, total), flush=True)
+
+    if args.resume:
+        print(f"unstable: resuming {args.resume} up to {total} learner steps", flush=True)
+        summary = resume_training(args.resume, args.set, on_row=print_row)
+    else:
+        print(f"unstable: training {cfg.run.name} for {total} learner steps", flush=True)
+        summary = train(cfg, on_row=print_row)
     print("\n=== summary ===")
     print(f"  run dir: {summary.run_dir}")
     print(
@@ -194,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="unstable", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train from a YAML config")
-    train.add_argument("config")
+    train.add_argument("config", nargs="?", help="the run's YAML config (not with --resume)")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue this run directory from its last saved state")
     train.add_argument(
         "--set",
         action="append",

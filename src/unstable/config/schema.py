@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from unstable.buffer.config import BufferConfig
 from unstable.collector.config import CollectorConfig
@@ -39,9 +39,19 @@ class RunSection(Settings):
 class ModelConfig(Settings):
     """The base model: a local directory or hub id; `build_tiny_if_missing` builds the tiny test model there."""
 
-    path: str
     build_tiny_if_missing: bool = False
+    path: str
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+    @field_validator("path")
+    @classmethod
+    def _local_path_exists(cls, value: str, info: ValidationInfo) -> str:
+        """A path that can only be local (it starts with '/', '.' or '~', or has more than one '/') must exist,
+        unless the tiny model is to be built there; anything else may be a hub id such as 'Qwen/Qwen3-1.7B'."""
+        local = value.startswith(("/", ".", "~")) or value.count("/") > 1
+        if local and not info.data.get("build_tiny_if_missing") and not Path(value).expanduser().is_dir():
+            raise ValueError("no such model directory (and not a hub id 'org/name')")
+        return value
 
 
 class EvaluationConfig(Settings):
@@ -91,16 +101,20 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
 
 
 def validate_config(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
-    """Validate a config dict; errors name the field path, the given value and the rule."""
+    """Validate a config dict; the error is one line naming each bad field's path, its value and the rule."""
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
-        lines = [f"invalid config {source}:"]
+        problems = []
         for err in exc.errors():
             field = ".".join(str(p) for p in err["loc"])
             message = err["msg"].removeprefix("Value error, ")
-            lines.append(f"  {field} = {err.get('input')!r}: {message}" if field else f"  {message}")
-        raise ConfigError("\n".join(lines)) from None
+            value = err.get("input")
+            if isinstance(value, dict):  # a whole section: its own validator's message names the fields
+                problems.append(f"{field}: {message}" if field else message)
+            else:
+                problems.append(f"{field} = {value!r}: {message}")
+        raise ConfigError(f"invalid config {source}: " + "; ".join(problems)) from None
 
 
 def _apply_override(data: dict[str, Any], override: str) -> None:

@@ -25,6 +25,7 @@ class InferenceConfig(Settings):
         0.5, gt=0.0, le=1.0, description="share of its GPU's memory the engine may use (the learner gets the rest)"
     )
     num_actors: int = Field(1, ge=1, description="inference server actors; the collector spreads requests over them")
+    max_restarts: int = Field(3, ge=0, description="times Ray restarts an inference actor whose process died")
 
     @field_validator("backend")
     @classmethod

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from unstable.settings import Settings, check_registered
 
@@ -31,11 +32,37 @@ class AlgorithmConfig(Settings):
 
         return check_registered(value, ALGORITHMS, "algorithm")
 
+    @model_validator(mode="after")
+    def _args_fit(self) -> AlgorithmConfig:
+        try:
+            self.build()  # cheap: heads and optimizers are made in `initialize`
+        except TypeError as exc:
+            raise ValueError(f"args {self.args} do not fit algorithm {self.name!r}: {exc}") from None
+        return self
+
     def build(self):
         """A fresh instance of the configured algorithm."""
         from unstable.algorithms import ALGORITHMS
 
         return ALGORITHMS[self.name](**self.args)
+
+
+class RetentionConfig(Settings):
+    """Which saved learner steps keep their checkpoint and resume state; the pool's active checkpoints (in play
+    as opponents) and the latest state are always kept."""
+
+    keep_last: int | None = Field(None, ge=1, description="the newest steps kept (None: keep every step)")
+    keep_every: int | None = Field(None, ge=1, description="also keep every step divisible by this")
+    keep_steps: list[int] = Field([], description="also keep these steps")
+
+    def keeps(self, step: int, latest: int) -> bool:
+        """Whether `step` is kept when `latest` is the newest saved step."""
+        return (
+            self.keep_last is None
+            or step > latest - self.keep_last
+            or (self.keep_every is not None and step % self.keep_every == 0)
+            or step in self.keep_steps
+        )
 
 
 class LearnerConfig(Settings):
@@ -67,8 +94,28 @@ class LearnerConfig(Settings):
     max_staleness: int | None = Field(
         None, ge=0, description="drop samples from policies more than this many updates old (None: keep all)"
     )
+    max_skipped_updates: int = Field(
+        3, ge=0, description="optimizer steps in a row skipped for a non-finite gradient before the run stops"
+    )
+    retention: RetentionConfig = RetentionConfig()
     poll_interval_s: float = Field(0.05, gt=0.0, description="how often the loop asks the buffer for a batch")
     algorithm: AlgorithmConfig = AlgorithmConfig()
+
+    @field_validator("initial_lora_path")
+    @classmethod
+    def _start_exists(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).expanduser().is_dir():
+            raise ValueError("no such checkpoint directory")
+        return value
+
+    @model_validator(mode="after")
+    def _mini_batch_fits(self) -> LearnerConfig:
+        if self.mini_batch_size is not None and self.mini_batch_size > self.batch_size:
+            raise ValueError(
+                f"mini_batch_size {self.mini_batch_size} is larger than batch_size {self.batch_size}: "
+                "a mini-batch is a part of a batch"
+            )
+        return self
 
     @property
     def device(self) -> str:

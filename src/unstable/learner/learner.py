@@ -8,6 +8,8 @@ Learner owns, for resume.
 
 from __future__ import annotations
 
+import logging
+import random
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,6 +25,8 @@ from unstable.records import Step
 from unstable.tracking import keys
 from unstable.trainable import PolicyOutput
 
+log = logging.getLogger(__name__)
+
 
 class Learner:
     """Updates `policy` with `algorithm` under `cfg` (learning rate, gradient clip, staleness bound)."""
@@ -34,6 +38,7 @@ class Learner:
         self.step = 0
         self.optimizer: torch.optim.Optimizer | None = None
         self._ratios = _RatioStats()
+        self.skipped = {"update": 0, "in_a_row": 0, "total": 0}
 
     def initialize(self) -> None:
         """Load the model, build the optimizer, let the algorithm add its parameters. Idempotent."""
@@ -78,12 +83,30 @@ class Learner:
         self.optimizer.add_param_group(group if lr is None else group | {"lr": lr})
 
     def optimizer_step(self) -> float:
-        """Clip, step and zero the gradients; returns the pre-clip gradient norm."""
+        """Clip, step and zero the gradients; returns the pre-clip gradient norm.
+
+        A non-finite gradient (a NaN or inf loss) is dropped without stepping, counted and logged; more than
+        `cfg.max_skipped_updates` such steps in a row stop the run, since the weights will not recover.
+        """
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
-        self.optimizer.step()
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+            self.skipped["in_a_row"] = 0
+        else:
+            self._skip(float(grad_norm))
         self.optimizer.zero_grad(set_to_none=True)
         return float(grad_norm)
+
+    def _skip(self, grad_norm: float) -> None:
+        for counter in self.skipped:
+            self.skipped[counter] += 1
+        log.warning("update %d: gradient norm %s, optimizer step skipped", self.step + 1, grad_norm)
+        if self.skipped["in_a_row"] > self.cfg.max_skipped_updates:
+            raise RuntimeError(
+                f"{self.skipped['in_a_row']} optimizer steps in a row had a non-finite gradient "
+                f"(learner.max_skipped_updates = {self.cfg.max_skipped_updates})"
+            )
 
     # ---- updates -------------------------------------------------------------------------------------------
     def staleness(self, step: Step) -> int:
@@ -103,6 +126,7 @@ class Learner:
         start = time.perf_counter()
         staleness = [self.staleness(s) for s in steps]
         self._ratios = _RatioStats()
+        self.skipped["update"] = 0
         metrics = self.algorithm.update(steps, self) | self._ratios.metrics()
         self.step += 1
         seconds = time.perf_counter() - start
@@ -114,6 +138,8 @@ class Learner:
             keys.MEAN_COMPLETION_TOKENS: sum(len(s.completion_token_ids) for s in steps) / len(steps),
             keys.STALENESS_MEAN: sum(staleness) / len(staleness),
             keys.STALENESS_MAX: max(staleness),
+            keys.SKIPPED_UPDATES: self.skipped["update"],
+            keys.SKIPPED_UPDATES_TOTAL: self.skipped["total"],
             keys.UPDATE_SECONDS: seconds,
             keys.TRAIN_TOKENS_PER_S: tokens / max(seconds, 1e-9),
         }
@@ -124,13 +150,16 @@ class Learner:
 
     # ---- state for resume ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Everything the learner owns: update counter, trainable weights, optimizer and algorithm state."""
+        """Everything the learner owns: update counter, trainable weights, optimizer and algorithm state, skip
+        counters and this process's RNGs (Python's and torch's)."""
         self.initialize()
         return {
             "step": self.step,
             "policy": self.policy.trainable_state(),
             "optimizer": self.optimizer.state_dict(),
             "algorithm": self.algorithm.state_dict(),
+            "skipped": dict(self.skipped),
+            "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -140,6 +169,9 @@ class Learner:
         self.policy.load_trainable_state(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.algorithm.load_state_dict(state["algorithm"])
+        self.skipped = dict(state["skipped"])
+        random.setstate(state["rng"]["python"])
+        torch.set_rng_state(state["rng"]["torch"])
 
 
 @dataclass

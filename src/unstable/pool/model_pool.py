@@ -6,6 +6,7 @@ How each training game's opponent is drawn is one function of `pool.sampling.SAM
 from __future__ import annotations
 
 import random
+from dataclasses import asdict
 from typing import Any
 
 from unstable.agents.seating import parse_opponent
@@ -80,6 +81,24 @@ class ModelPool:
             scores[f"env:{record.env_id}"] = 0.0
         self.ratings.rate(scores)
         self.matches.add(scores)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Checkpoints, ratings, match counts, games rated and the sampling RNG, for resume."""
+        return {
+            "checkpoints": [asdict(c) for c in self.checkpoints],
+            "ratings": self.ratings.state_dict(),
+            "matches": self.matches.counts,
+            "games_played": self.games_played,
+            "rng": self._rng.getstate(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned (replacing every registered checkpoint)."""
+        self.checkpoints = [Checkpoint(**c) for c in state["checkpoints"]]
+        self.ratings.load_state_dict(state["ratings"])
+        self.matches.counts = state["matches"]
+        self.games_played = state["games_played"]
+        self._rng.setstate(state["rng"])
 
     def metrics(self) -> dict[str, Any]:
         """Games recorded, checkpoints, the latest checkpoint's rating, the ladder and the match matrix."""

@@ -54,6 +54,14 @@ class RatingSystem:
         """Overwrite a rating (e.g. a new checkpoint inheriting its parent's)."""
         self.ratings[agent_id] = rating
 
+    def state_dict(self) -> dict[str, list[float]]:
+        """Every rating as `{agent_id: [mu, sigma]}`."""
+        return {agent: [r.mu, r.sigma] for agent, r in self.ratings.items()}
+
+    def load_state_dict(self, state: dict[str, list[float]]) -> None:
+        """Restore what `state_dict` returned."""
+        self.ratings = {agent: Rating(mu, sigma) for agent, (mu, sigma) in state.items()}
+
     def rate(self, scores: dict[str, float]) -> None:
         """Update every agent in one game from its final score (higher is better; equal scores draw)."""
         ids = list(scores)

@@ -14,36 +14,63 @@ from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from unstable.records import Step
 
 
-class FinalRewardTransform(ABC):
+class Stateless:
+    """A transform that keeps no state between calls; stateful transforms override both methods for resume."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the transform learned from earlier games (nothing here)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`'s output."""
+
+
+class FinalRewardTransform(Stateless, ABC):
     """Maps a game's reward dict to a new reward dict."""
 
     @abstractmethod
     def __call__(self, x: dict[int, float], env_id: str | None = None) -> dict[int, float]: ...
 
 
-class StepRewardTransform(ABC):
+class StepRewardTransform(Stateless, ABC):
     """Maps one step (its `reward` already set from the final stage) to a new step."""
 
     @abstractmethod
     def __call__(self, step: Step, env_id: str | None = None) -> Step: ...
 
 
-class SamplingRewardTransform(ABC):
+class SamplingRewardTransform(Stateless, ABC):
     """Maps the steps of a batch to new steps (e.g. normalisation across the batch)."""
 
     @abstractmethod
     def __call__(self, steps: list[Step]) -> list[Step]: ...
 
 
-class ComposeFinalRewardTransforms:
-    """Applies final-stage transforms in order."""
+class _Compose:
+    """An ordered list of transforms whose state is the list of their states."""
 
-    def __init__(self, transforms: Sequence[FinalRewardTransform]):
+    def __init__(self, transforms: Sequence[Stateless]):
         self.transforms = list(transforms)
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        """Each transform's `state_dict()`, in order."""
+        return [t.state_dict() for t in self.transforms]
+
+    def load_state_dict(self, state: list[dict[str, Any]]) -> None:
+        """Restore each transform from `state_dict()`'s output."""
+        if len(state) != len(self.transforms):
+            raise ValueError(f"saved state of {len(state)} reward transforms; {len(self.transforms)} are configured")
+        for transform, part in zip(self.transforms, state):
+            transform.load_state_dict(part)
+
+
+class ComposeFinalRewardTransforms(_Compose):
+    """Applies final-stage transforms in order."""
 
     def __call__(self, x: dict[int, float], env_id: str | None = None) -> dict[int, float]:
         for transform in self.transforms:
@@ -51,11 +78,8 @@ class ComposeFinalRewardTransforms:
         return x
 
 
-class ComposeStepRewardTransforms:
+class ComposeStepRewardTransforms(_Compose):
     """Applies step-stage transforms in order."""
-
-    def __init__(self, transforms: Sequence[StepRewardTransform]):
-        self.transforms = list(transforms)
 
     def __call__(self, step: Step, env_id: str | None = None) -> Step:
         for transform in self.transforms:
@@ -63,11 +87,8 @@ class ComposeStepRewardTransforms:
         return step
 
 
-class ComposeSamplingRewardTransforms:
+class ComposeSamplingRewardTransforms(_Compose):
     """Applies sampling-stage transforms in order."""
-
-    def __init__(self, transforms: Sequence[SamplingRewardTransform]):
-        self.transforms = list(transforms)
 
     def __call__(self, steps: list[Step]) -> list[Step]:
         for transform in self.transforms:
@@ -97,6 +118,14 @@ class RoleAdvantageFormatter(FinalRewardTransform):
 
     def __call__(self, x: dict[int, float], env_id: str | None = None) -> dict[int, float]:
         return {pid: r - self._update(self._key(pid, env_id), r) for pid, r in x.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The baselines by key."""
+        return {"baselines": dict(self.baselines)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the baselines."""
+        self.baselines = defaultdict(float, state["baselines"])
 
     def _key(self, pid: int, env_id: str | None) -> Hashable:
         return pid

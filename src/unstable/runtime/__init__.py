@@ -1,6 +1,6 @@
 """The runtime: wires the components into a topology of Ray actors and runs training on it."""
 
-from unstable.runtime.driver import RunSummary, run, train
+from unstable.runtime.driver import RunSummary, resume_training, run, train
 from unstable.runtime.topology import Topology, build_topology
 
-__all__ = ["RunSummary", "Topology", "build_topology", "run", "train"]
+__all__ = ["RunSummary", "Topology", "build_topology", "resume_training", "run", "train"]

@@ -183,6 +183,21 @@ class CollectorActor(Collector):
         ray.get(tracker.add_source.remote(client))
 
 
+@ray.remote(num_cpus=0, max_concurrency=4096)
+class InferenceServerActor(InferenceServer):
+    """An inference server Ray restarts (up to `InferenceConfig.max_restarts` times) when its process dies.
+
+    A restarted one loads its engine again at once. The games that were waiting on the dead one fail (counted
+    in `collector/failed_games` and by cause) and the collector starts new games in their place.
+    """
+
+    def __init__(self, backend_factory, cfg: InferenceConfig):
+        super().__init__(backend_factory, cfg)
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            log.warning("inference server restarted after its process died: loading the engine again")
+            self.start()
+
+
 def _start_servers(model_path: str, inference: InferenceConfig, dtype: str, seed: int) -> list:
     """`inference.num_actors` started inference server actors."""
     import functools
@@ -197,9 +212,9 @@ def _start_servers(model_path: str, inference: InferenceConfig, dtype: str, seed
         )
     factory = functools.partial(make_backend, model_path, inference, dtype=dtype, seed=seed)
     servers = [
-        ray.remote(InferenceServer)
-        .options(max_concurrency=4096, num_cpus=0, num_gpus=inference.num_gpus)
-        .remote(factory, inference)
+        InferenceServerActor.options(num_gpus=inference.num_gpus, max_restarts=inference.max_restarts).remote(
+            factory, inference
+        )
         for _ in range(inference.num_actors)
     ]
     ray.get([server.start.remote() for server in servers])

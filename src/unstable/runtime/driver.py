@@ -6,17 +6,20 @@ the same actors the same way.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from unstable.config import RunConfig
+from unstable.config import ConfigError, RunConfig, load_config
 from unstable.records import GameRecord
+from unstable.runtime import resume
 from unstable.runtime.topology import Topology, build_topology, init_ray
-from unstable.tracking import keys, new_run_dir, wdl_summary
+from unstable.tracking import keys, new_run_dir, truncate_metrics, wdl_summary
 
 
 @dataclass
@@ -38,19 +41,28 @@ def eval_table(records: list[GameRecord]) -> dict[str, Any]:
     return summary | {"failed": len(records) - len(finished)}
 
 
-def run(topology: Topology, cfg: RunConfig, on_row: Callable[[dict[str, Any]], None] = lambda row: None) -> RunSummary:
-    """Evaluate the initial policy, train `cfg.learner.num_steps` updates while the collector plays, stop the
-    collector, evaluate the final policy. Every row goes through the Tracker into `metrics.jsonl`."""
+def run(
+    topology: Topology,
+    cfg: RunConfig,
+    on_row: Callable[[dict[str, Any]], None] = lambda row: None,
+    start_step: int = 0,
+) -> RunSummary:
+    """Evaluate the initial policy, train up to `cfg.learner.num_steps` updates while the collector plays, stop
+    the collector, evaluate the final policy. Every row goes through the Tracker into `metrics.jsonl`. A run
+    resumed at `start_step` > 0 skips the initial evaluation (its row 0 is already in the file)."""
     import ray
 
     start = time.time()
     t = topology
     learner_ready = t.learner.initialize.remote()
-    eval_start = eval_table(ray.get(t.collector.evaluate.remote(cfg.evaluation.games_at_start)))
+    eval_start = {}
+    if start_step == 0:
+        eval_start = eval_table(ray.get(t.collector.evaluate.remote(cfg.evaluation.games_at_start)))
     ray.get(learner_ready)
-    on_row(ray.get(t.tracker.log.remote({keys.STEP: 0})))  # row 0: the initial policy's evaluation
+    if start_step == 0:
+        on_row(ray.get(t.tracker.log.remote({keys.STEP: 0})))  # row 0: the initial policy's evaluation
     collecting = t.collector.collect.remote(cfg.collector.num_workers, cfg.collector.num_eval_workers)
-    for _ in range(cfg.learner.num_steps):
+    for _ in range(start_step, cfg.learner.num_steps):
         on_row(ray.get(t.learner.train.remote(1, stop_collection=False))[0])
     ray.get(t.collector.stop.remote())
     counts = ray.get(collecting)
@@ -63,13 +75,65 @@ def run(topology: Topology, cfg: RunConfig, on_row: Callable[[dict[str, Any]], N
 
 def train(cfg: RunConfig, on_row: Callable[[dict[str, Any]], None] = lambda row: None) -> RunSummary:
     """The whole run on Ray: a fresh run directory with the config, the topology, `run`, then shutdown."""
-    import ray
-
+    check_resources(cfg)
     run_dir = new_run_dir(cfg.run.path)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    write_config(cfg, run_dir)
+    return _run_on_ray(cfg, run_dir, on_row, None)
+
+
+def resume_training(
+    run_dir: str | Path, overrides: list[str] | None = None, on_row: Callable[[dict[str, Any]], None] = lambda row: None
+) -> RunSummary:
+    """Continue the run in `run_dir` from its last complete saved state (see `runtime.resume`), with its own
+    `config.yaml` plus `overrides` (e.g. a larger `learner.num_steps`).
+
+    `metrics.jsonl` keeps its rows up to the saved step and the resumed run appends from the next, so no learner
+    step is logged twice or missing. With no state saved yet the run starts over in the same directory. A bad
+    directory or corrupt state raises ResumeError here, before Ray starts.
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").exists():
+        raise resume.ResumeError(f"--resume {run_dir}: not a run directory (no config.yaml)")
+    cfg = load_config(run_dir / "config.yaml", overrides)
+    check_resources(cfg)
+    point = resume.latest_state(run_dir)
+    truncate_metrics(run_dir / "metrics.jsonl", point[0] if point else -1)
+    write_config(cfg, run_dir)
+    return _run_on_ray(cfg, run_dir, on_row, point[1] if point else None)
+
+
+def write_config(cfg: RunConfig, run_dir: Path) -> None:
+    """The run's config as `run_dir/config.yaml` (written atomically: resume reads it)."""
+    tmp = run_dir / "config.yaml.tmp"
+    tmp.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    os.replace(tmp, run_dir / "config.yaml")
+
+
+def check_resources(cfg: RunConfig) -> None:
+    """Fail before any heavy start when the run asks for more GPUs than this machine has (on a local Ray; a
+    cluster given by RAY_ADDRESS is not checked here)."""
+    import torch
+
+    needed = cfg.learner.num_gpus + cfg.inference.num_gpus * cfg.inference.num_actors
+    have = torch.cuda.device_count()
+    if needed > have and "RAY_ADDRESS" not in os.environ:
+        raise ConfigError(
+            f"inference.num_gpus = {cfg.inference.num_gpus} x inference.num_actors = {cfg.inference.num_actors} + "
+            f"learner.num_gpus = {cfg.learner.num_gpus}: {needed} GPUs, but this machine has {have}"
+        )
+
+
+def _run_on_ray(
+    cfg: RunConfig, run_dir: Path, on_row: Callable[[dict[str, Any]], None], state_dir: Path | None
+) -> RunSummary:
+    """Start Ray, build the topology, restore `state_dir` if given, `run`, shut Ray down."""
+    import ray
+
     init_ray(cfg)
     try:
-        return run(build_topology(cfg, run_dir), cfg, on_row)
+        topology = build_topology(cfg, run_dir)
+        start_step = ray.get(topology.learner.restore.remote(str(state_dir))) if state_dir else 0
+        return run(topology, cfg, on_row, start_step)
     finally:
         ray.shutdown()

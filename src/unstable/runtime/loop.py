@@ -1,4 +1,5 @@
-"""The learner loop: wait for a batch, update, save the checkpoint, register it with the pool, log a row.
+"""The learner loop: wait for a batch, update, save the checkpoint, register it with the pool, log a row, save
+the resume state.
 
 The loop is the only part of learning that talks to other components; the `Learner` it holds only updates
 weights. It is plain Python: tests run it in-process with plain components, and `runtime.topology` runs it
@@ -13,6 +14,7 @@ from typing import Any
 
 from unstable.learner import Learner
 from unstable.records import Step
+from unstable.runtime import resume
 from unstable.tracking import keys
 
 
@@ -48,7 +50,35 @@ class LearnerLoop:
             )
             metrics |= {keys.WAIT_SECONDS: waited, keys.STALE_DROPPED: dropped}
             rows.append(self.tracker.log(metrics))
+            resume.pause_for_test(self.run_dir, "after-log", self.learner.step)
+            self.save_state()
         return rows
+
+    def save_state(self) -> None:
+        """Write this step's resume state (learner, pool, buffer, tracker) atomically, then delete the checkpoints
+        and states retention lets go. The row of the step is already in `metrics.jsonl`: a kill before this
+        save ends makes the resumed run drop that row and redo the step."""
+        step = self.learner.step
+        parts = {
+            "learner": self.learner.state_dict(),
+            "pool": self.model_pool.state_dict(),
+            "buffer": self.step_buffer.state_dict(),
+            "tracker": self.tracker.state_dict(),
+        }
+        resume.save_run_state(self.run_dir, step, parts)
+        retention = self.learner.cfg.retention
+        in_play = {c.version for c in self.model_pool.active_checkpoints()}
+        resume.prune(self.run_dir / "checkpoints", "ckpt-", lambda k: k in in_play or retention.keeps(k, step))
+        resume.prune(self.run_dir / resume.STATE_DIR, "step-", lambda k: k == step or retention.keeps(k, step))
+
+    def restore(self, state_dir: str) -> int:
+        """Load a saved state (`resume.latest_state`) into the learner, pool, buffer and tracker; returns its step."""
+        directory = Path(state_dir)
+        self.learner.load_state_dict(resume.load_part(directory, "learner"))
+        self.model_pool.load_state_dict(resume.load_part(directory, "pool"))
+        self.step_buffer.load_state_dict(resume.load_part(directory, "buffer"))
+        self.tracker.load_state_dict(resume.load_part(directory, "tracker"))
+        return self.learner.step
 
     def _wait_for_batch(self) -> tuple[list[Step], float, int]:
         """Block until the buffer yields a batch with fresh steps; returns them, the seconds waited and the

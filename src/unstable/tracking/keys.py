@@ -31,6 +31,8 @@ MEAN_COMPLETION_TOKENS = "learner/mean_completion_tokens"
 STALENESS_MEAN = "learner/staleness_mean"
 STALENESS_MAX = "learner/staleness_max"
 STALE_DROPPED = "learner/stale_dropped"
+SKIPPED_UPDATES = "learner/skipped_updates"  # optimizer steps skipped in this update for a non-finite gradient
+SKIPPED_UPDATES_TOTAL = "learner/skipped_updates_total"
 UPDATE_SECONDS = "learner/update_seconds"
 WAIT_SECONDS = "learner/wait_seconds"
 TRAIN_TOKENS_PER_S = "learner/tokens_per_s"
@@ -40,6 +42,9 @@ GAMES_PER_S = "collector/games_per_s"
 GAME_TOKENS_PER_S = "collector/tokens_per_s"
 TRAIN_GAMES = "collector/train_games"
 FAILED_GAMES = "collector/failed_games"
+# + the exception's name (an env that raised, APIOpponentError, a dead inference actor's RayActorError, ...):
+# failed games by cause since the run began
+FAILED_BY_CAUSE = "total/failed_games/"
 MEAN_TURNS = "collector/mean_turns"
 FORMAT_OK_RATE = "collector/format_ok_rate"
 INVALID_MOVE_RATE = "collector/invalid_move_rate"

@@ -27,6 +27,7 @@ def summarize_game(record: GameRecord) -> dict[str, Any]:
         "env_id": record.env_id,
         "is_eval": record.is_eval,
         "failed": record.failed,
+        "error_type": record.error.split(":", 1)[0] if record.failed else None,
         "truncated": record.truncated,
         "outcome": outcome,
         "opponent": next((a for p, a in record.players.items() if p not in record.learner_player_ids), None),
@@ -49,6 +50,33 @@ def new_run_dir(path: Path) -> Path:
     if candidate != path:
         log.warning("run dir %s holds an earlier run; this run writes to %s", path, candidate)
     return candidate
+
+
+def truncate_metrics(path: Path, step: int) -> int:
+    """Keep the rows of `path` up to and including the one of learner step `step`; returns the rows dropped.
+
+    The rule of resume: rows after the last saved step belong to work the kill lost (the resumed run redoes
+    it), and a torn last line is one of them, so the resumed run appends with no learner step twice or missing.
+    With `step` -1 (no state saved) every row goes: the run starts over.
+    """
+    if not path.exists():
+        return 0
+    lines = path.read_text().splitlines()
+    kept = 0
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if row.get(keys.STEP) == step:
+            kept = i + 1
+            break
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in lines[:kept]))
+    os.replace(tmp, path)
+    if kept < len(lines):
+        log.warning("resume at learner step %d: dropped %d rows of %s written after it", step, len(lines) - kept, path)
+    return len(lines) - kept
 
 
 class MetricSource(Protocol):
@@ -75,6 +103,7 @@ class Tracker:
         self.path = self.run_dir / "metrics.jsonl"
         self.start = time.time()
         self.totals: Counter = Counter()
+        self.failed_by_cause: Counter = Counter()
         self.rows: list[dict[str, Any]] = []
         self._window_games: list[dict[str, Any]] = []
         self._window_start = time.time()
@@ -88,6 +117,8 @@ class Tracker:
         self._window_games.append(summary)
         self.totals["eval_games" if summary["is_eval"] else "train_games"] += 1
         self.totals["failed_games"] += summary["failed"]
+        if summary["failed"]:
+            self.failed_by_cause[summary["error_type"]] += 1
 
     def log(self, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write one row: `metrics` plus the collector aggregates of the window since the last row."""
@@ -96,6 +127,7 @@ class Tracker:
         for source in self.sources:
             row.update(source.metrics())
         row.update({f"total/{k}": v for k, v in self.totals.items()})
+        row.update({keys.FAILED_BY_CAUSE + cause: n for cause, n in self.failed_by_cause.items()})
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         for sink in self.sinks:
@@ -104,6 +136,20 @@ class Tracker:
         self._window_games = []
         self._window_start = now
         return row
+
+    def state_dict(self) -> dict[str, Any]:
+        """Game totals and the run's elapsed seconds, for resume (rows themselves stay in `metrics.jsonl`)."""
+        return {
+            "totals": dict(self.totals),
+            "failed_by_cause": dict(self.failed_by_cause),
+            "elapsed": time.time() - self.start,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue totals and the `time` column from `state_dict()`'s output."""
+        self.totals = Counter(state["totals"])
+        self.failed_by_cause = Counter(state["failed_by_cause"])
+        self.start = time.time() - state["elapsed"]
 
     def get_run_dir(self) -> str:
         """The run directory (other actors write their checkpoints under it)."""

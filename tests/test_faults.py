@@ -1,0 +1,177 @@
+"""Faults are isolated, counted and survived: an env that raises, an API opponent that times out, a generation
+that is garbage and an inference server that dies each fail (or spoil) only their own game while collection and
+learning go on; a non-finite loss skips its optimizer step, up to a limit; Ray restarts a dead inference actor."""
+
+from __future__ import annotations
+
+import random
+import socket
+import threading
+import time
+
+import pytest
+import torch
+
+from unstable.agents import seating
+from unstable.agents.api import APISettings
+from unstable.algorithms import Reinforce
+from unstable.buffer import StepBuffer
+from unstable.collector import Collector
+from unstable.collector.config import CollectorConfig
+from unstable.games import episode
+from unstable.games.moves import legal_moves
+from unstable.pool import ModelPool
+from unstable.pool.config import PoolConfig
+from unstable.records import EnvSpec, GenerationResult
+from unstable.rewards import WinDrawLossFormatter
+from unstable.runtime.loop import LearnerLoop
+from unstable.tracking import Tracker, keys
+
+from .test_algorithms import _learner, _scored, bandit  # noqa: F401 - bandit is a fixture
+
+SPEC = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
+CAUSES = ("ValueError", "APIOpponentError", "ActorDiedError")  # an env that raised, an API timeout, a dead server
+
+
+class ActorDiedError(RuntimeError):
+    """What a call to an inference actor whose process died raises (Ray's RayActorError, here without Ray)."""
+
+
+class _FaultyEngine:
+    """Legal moves, except every 5th reply is garbage and requests 30-39 find the server dead."""
+
+    def __init__(self):
+        self.rng = random.Random(0)
+        self.requests = 0
+        self.lock = threading.Lock()
+
+    def generate(self, request):
+        with self.lock:
+            self.requests += 1
+            n = self.requests
+        if 30 <= n < 40:
+            raise ActorDiedError("inference actor died")
+        text = "\x00\ufffd garbage }}{{" if n % 5 == 0 else f"\\boxed{{{self.rng.choice(legal_moves(request.prompt))}}}"
+        return GenerationResult(text, (1, 2), (3,), (-0.5,))
+
+
+class _CrashingEnv:
+    """A TextArena env whose third `step` raises."""
+
+    def __init__(self, env):
+        self.env = env
+        self.steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == 3:
+            raise ValueError("env crashed")
+        return self.env.step(action)
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+
+@pytest.fixture
+def faults(monkeypatch):
+    """Every 4th env crashes; API opponents talk to a server that accepts and never answers."""
+    created = iter(range(10**6))
+    make_env = episode.make_env
+    monkeypatch.setattr(episode, "make_env", lambda env_id: _wrap(make_env(env_id), next(created)))
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    monkeypatch.setattr(
+        seating.APISettings, "from_env", lambda: APISettings(base_url=url, timeout_s=0.2, max_retries=0)
+    )
+    yield
+    silent.close()
+
+
+def _wrap(env, index: int):
+    return _CrashingEnv(env) if index % 4 == 3 else env
+
+
+def test_faulty_games_are_counted_by_cause_and_learning_goes_on(tiny_model_dir, tmp_path, faults):
+    pool = ModelPool(PoolConfig(sample_mode="random", fixed_opponents=["org/model", "random"]))
+    pool.add_checkpoint(path=None, iteration=-1)
+    buffer = StepBuffer(256, final_reward_transformation=WinDrawLossFormatter())
+    tracker = Tracker(tmp_path)
+    collector = Collector(_FaultyEngine(), pool, buffer, tracker, CollectorConfig(training_envs=[SPEC]))
+    collecting = threading.Thread(target=collector.collect, args=(4,))
+    collecting.start()
+    learner = _learner(tiny_model_dir, Reinforce(), batch_size=8)
+    loop = LearnerLoop(learner, buffer, pool, tracker, str(tmp_path))
+    try:
+        rows = loop.train(2)  # learning goes on while games fail around it
+        deadline = time.time() + 60
+        while len(tracker.failed_by_cause) < len(CAUSES) and time.time() < deadline:
+            time.sleep(0.1)
+    finally:
+        collector.stop()
+        collecting.join()
+    row = tracker.log({})
+    for cause in CAUSES:
+        assert row[keys.FAILED_BY_CAUSE + cause] >= 1, row
+    assert row["total/failed_games"] >= 3 and row["total/train_games"] > row["total/failed_games"]
+    assert [r[keys.STEP] for r in rows] == [1, 2] and pool.latest().uid == "ckpt-2"
+    summaries = [r for r in tracker.rows if r[keys.TRAIN_GAMES]]
+    assert any(r[keys.FORMAT_OK_RATE] < 1.0 for r in summaries)  # garbage replies are counted as bad format
+
+
+def test_a_nan_loss_skips_its_step_and_too_many_in_a_row_stop_the_run(tiny_model_dir, bandit):  # noqa: F811
+    learner = _learner(tiny_model_dir, Reinforce(), max_skipped_updates=1)
+    good = [_scored(learner, bandit["prompt"], bandit["good"], 1.0)] * 4
+    poisoned = [_scored(learner, bandit["prompt"], bandit["good"], float("nan"))] * 4
+    before = learner.policy.trainable_state()
+    metrics = learner.train_step(poisoned)
+    assert metrics[keys.SKIPPED_UPDATES] == 1 and metrics[keys.SKIPPED_UPDATES_TOTAL] == 1 and learner.step == 1
+    assert all(torch.equal(before[k], v) for k, v in learner.policy.trainable_state().items())  # untouched
+    assert learner.train_step(good)[keys.SKIPPED_UPDATES] == 0  # a good batch steps again and resets the streak
+    assert learner.train_step(poisoned)[keys.SKIPPED_UPDATES_TOTAL] == 2
+    with pytest.raises(RuntimeError, match="learner.max_skipped_updates = 1"):
+        learner.train_step(poisoned)
+
+
+def test_ray_restarts_a_dead_inference_actor_and_its_in_flight_request_fails():
+    import ray
+
+    from unstable.inference import InferenceConfig
+    from unstable.records import GenerationRequest
+    from unstable.runtime.actors import InferenceServerActor
+
+    class SlowBackend:
+        """Answers every request after a pause, so one is in flight when the actor dies."""
+
+        def generate(self, requests):
+            time.sleep(1.0)
+            return [GenerationResult("\\boxed{[4]}", (1,), (2,), (-0.1,)) for _ in requests]
+
+    ray.init(num_cpus=1, include_dashboard=False, ignore_reinit_error=True)
+    try:
+        server = InferenceServerActor.options(max_restarts=1).remote(SlowBackend, InferenceConfig())
+        ray.get(server.start.remote())
+        in_flight = server.generate.remote(GenerationRequest("Your move: "))
+        time.sleep(0.3)
+        ray.kill(server, no_restart=False)  # the process dies as from an OOM kill; Ray restarts it
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(in_flight, timeout=60)  # the game waiting on it fails and is counted
+        assert _generate_once_back(server).text == "\\boxed{[4]}"  # the restarted actor loaded its engine by itself
+    finally:
+        ray.shutdown()
+
+
+def _generate_once_back(server, timeout_s: float = 60.0):
+    """The first answer of `server` once Ray has restarted it (calls while it restarts fail like games would)."""
+    import ray
+
+    from unstable.records import GenerationRequest
+
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            return ray.get(server.generate.remote(GenerationRequest("Your move: ")), timeout=timeout_s)
+        except ray.exceptions.ActorUnavailableError:
+            assert time.time() < deadline, "the inference actor never came back"
+            time.sleep(0.5)

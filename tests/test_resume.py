@@ -1,0 +1,122 @@
+"""The pieces of resume, without Ray: the state codec, atomic writes, the metrics rule, retention, and the
+state of the pool, the buffer and the reward transforms."""
+
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from unstable.buffer import StepBuffer
+from unstable.learner.config import RetentionConfig
+from unstable.pool import ModelPool
+from unstable.records import GameRecord
+from unstable.rewards import ComposeFinalRewardTransforms, RoleAdvantageByEnvFormatter
+from unstable.runtime import resume
+from unstable.tracking import Tracker, keys, truncate_metrics
+
+
+def test_state_codec_round_trips_tensors_int_and_tuple_keys_and_rng_states(tmp_path):
+    state = {
+        "w": torch.randn(3, 2),
+        "optimizer": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(2)}}, "param_groups": []},
+        ("env", 1): 0.25,
+        "rng": random.Random(7).getstate(),
+        "nan": math.inf,
+        "none": None,
+    }
+    resume.save_part(state, tmp_path, "part")
+    loaded = resume.load_part(tmp_path, "part")
+    assert torch.equal(loaded["w"], state["w"]) and loaded["optimizer"]["state"][0]["step"].item() == 3.0
+    assert loaded[("env", 1)] == 0.25 and loaded["nan"] == math.inf and loaded["none"] is None
+    rng = random.Random()
+    rng.setstate(loaded["rng"])  # tuples come back as tuples
+    assert rng.random() == random.Random(7).random()
+    assert "pickle" not in (tmp_path / "part.json").read_text()
+
+
+def test_a_corrupt_state_fails_in_one_line_naming_the_file(tmp_path):
+    run_dir = tmp_path
+    resume.save_run_state(run_dir, 1, {name: {"x": torch.ones(1)} for name in resume.PARTS})
+    assert resume.latest_state(run_dir) == (1, run_dir / "state" / "step-1")
+    tensors = run_dir / "state" / "step-1" / "learner.safetensors"
+    tensors.write_bytes(tensors.read_bytes()[:20])  # truncated, as a full disk leaves it
+    with pytest.raises(resume.ResumeError) as info:
+        resume.latest_state(run_dir)
+    assert "step-1/learner" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_an_interrupted_state_write_leaves_the_previous_state_current(tmp_path, monkeypatch):
+    resume.save_run_state(tmp_path, 1, {"learner": {"a": 1}})
+
+    def killed(*args):
+        raise KeyboardInterrupt  # stands for the kill between the temporary write and the rename
+
+    monkeypatch.setattr(resume, "pause_for_test", killed)
+    with pytest.raises(KeyboardInterrupt):
+        resume.save_run_state(tmp_path, 2, {"learner": {"a": 2}})
+    assert json.loads((tmp_path / "state" / "latest.json").read_text()) == {"step": 1}
+    assert resume.saved_steps(tmp_path / "state", "step-") == [1]  # step-2.tmp is not a saved step
+
+
+def test_metrics_keep_rows_up_to_the_saved_step_and_drop_a_torn_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    rows = [{keys.STEP: k} for k in range(5)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"learner/st')
+    assert truncate_metrics(path, 2) == 3
+    assert [json.loads(line)[keys.STEP] for line in path.read_text().splitlines()] == [0, 1, 2]
+    assert truncate_metrics(path, -1) == 3 and path.read_text() == ""  # no state saved: the run starts over
+
+
+def test_retention_keeps_the_last_k_every_nth_and_named_steps():
+    retention = RetentionConfig(keep_last=2, keep_every=5, keep_steps=[3])
+    assert [k for k in range(1, 13) if retention.keeps(k, latest=12)] == [3, 5, 10, 11, 12]
+    assert all(RetentionConfig().keeps(k, 12) for k in range(13))  # the default keeps everything
+
+
+def test_prune_spares_what_keep_accepts(tmp_path):
+    for k in range(1, 6):
+        (tmp_path / f"ckpt-{k}").mkdir()
+    (tmp_path / "ckpt-6.tmp").mkdir()
+    assert resume.prune(tmp_path, "ckpt-", lambda k: k >= 4 or k == 1) == [2, 3]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-1", "ckpt-4", "ckpt-5", "ckpt-6.tmp"]
+
+
+def _game(rewards, players) -> GameRecord:
+    return GameRecord("TicTacToe-v0", 0, players, (), rewards, learner_player_ids=(0,))
+
+
+def test_pool_state_restores_checkpoints_ratings_matches_and_sampling():
+    pool = ModelPool()
+    for k in (-1, 1, 2):
+        pool.add_checkpoint(f"/ckpt-{k}" if k > 0 else None, iteration=k)
+    pool.record_game(_game({0: 1.0, 1: -1.0}, {0: "ckpt-2", 1: "random"}))
+    state = pool.state_dict()
+    restored = ModelPool()
+    restored.load_state_dict(state)
+    assert restored.metrics() == pool.metrics()
+    assert [restored.sample_opponent() for _ in range(5)] == [pool.sample_opponent() for _ in range(5)]
+
+
+def test_buffer_state_carries_the_reward_baselines_and_counters():
+    def buffer():
+        return StepBuffer(
+            8, final_reward_transformation=ComposeFinalRewardTransforms([RoleAdvantageByEnvFormatter(0.5)])
+        )
+
+    first = buffer()
+    first.add_game(_game({0: 1.0, 1: -1.0}, {0: "a", 1: "b"}))
+    second = buffer()
+    second.load_state_dict(first.state_dict())
+    assert second.final_transform.transforms[0].baselines == first.final_transform.transforms[0].baselines
+    assert second.metrics() == first.metrics()
+
+
+def test_tracker_state_continues_totals_and_time(tmp_path):
+    tracker = Tracker(tmp_path)
+    tracker.totals["train_games"] = 7
+    state = tracker.state_dict()
+    resumed = Tracker(tmp_path)
+    resumed.load_state_dict(state | {"elapsed": 100.0})
+    assert resumed.log({})["total/train_games"] == 7 and resumed.latest()[keys.TIME] >= 100.0

@@ -1,0 +1,123 @@
+"""A run survives `kill -9`: killed once mid-way through a state write and once between a row and its state,
+it resumes twice and ends with every learner step logged once, its checkpoints and ratings carried on, and the
+restored weights equal to the saved ones bit for bit."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from peft import get_peft_model_state_dict
+from safetensors.torch import load_file
+
+from unstable.buffer import StepBuffer
+from unstable.config import load_config
+from unstable.learner import Learner, PolicyModel
+from unstable.pool import ModelPool
+from unstable.runtime import resume
+from unstable.runtime.loop import LearnerLoop
+from unstable.tracking import Tracker, keys
+
+from .test_config import EXAMPLE
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _overrides(tmp_path, model_dir) -> list[str]:
+    return [
+        f"run.dir={tmp_path}",
+        "run.name=killed",
+        f"model.path={model_dir}",
+        "model.build_tiny_if_missing=false",
+        "learner.num_steps=4",
+        "learner.batch_size=4",
+        "collector.num_workers=2",
+        "collector.num_eval_workers=0",
+        "inference.max_new_tokens=4",
+        "evaluation.games_at_start=0",
+        "evaluation.games_at_end=0",
+    ]
+
+
+def _start(args: list[str], pause_at: str | None) -> subprocess.Popen:
+    env = os.environ | {"PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.pop(resume.PAUSE_ENV, None)
+    if pause_at:
+        env[resume.PAUSE_ENV] = pause_at
+    command = [sys.executable, "-m", "unstable.cli.main", "train", *args]
+    # a session of its own: the kill takes the driver and every Ray process it started
+    return subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _kill_when_paused(process: subprocess.Popen, run_dir: Path, timeout: float = 300.0) -> None:
+    deadline = time.time() + timeout
+    while not (run_dir / resume.PAUSE_MARKER).exists():
+        if process.poll() is not None:
+            raise AssertionError(f"run ended before pausing:\n{process.stdout.read().decode()[-3000:]}")
+        assert time.time() < deadline, "the run never reached its pause point"
+        time.sleep(0.5)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    (run_dir / resume.PAUSE_MARKER).unlink()
+
+
+def _steps(run_dir: Path) -> list[int]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r[keys.STEP] for r in rows if keys.STEP in r]
+
+
+def _latest_step(run_dir: Path) -> int:
+    return json.loads((run_dir / "state" / "latest.json").read_text())["step"]
+
+
+def _restored_adapter(cfg, model_dir: str, run_dir: Path) -> dict[str, torch.Tensor]:
+    """The weights a learner holds after `LearnerLoop.restore` of the latest state, as the adapter file names them."""
+    learner = Learner(PolicyModel(model_dir, cfg.learner), cfg.learner.algorithm.build(), cfg.learner)
+    loop = LearnerLoop(
+        learner, StepBuffer(8, **cfg.buffer.transform_stages()), ModelPool(cfg.pool), Tracker(run_dir / "x"), run_dir
+    )
+    loop.restore(str(resume.latest_state(run_dir)[1]))
+    return get_peft_model_state_dict(learner.policy.model)
+
+
+def test_kill_twice_and_resume_loses_and_repeats_nothing(tiny_model_dir, tmp_path):
+    overrides = _overrides(tmp_path, tiny_model_dir)
+    sets = [arg for o in overrides for arg in ("--set", o)]
+    run_dir = tmp_path / "killed"
+
+    # kill 1: step 2's state is written to its temporary directory but not yet renamed into place
+    _kill_when_paused(_start([str(EXAMPLE), *sets], "state-write:2"), run_dir)
+    assert _latest_step(run_dir) == 1 and (run_dir / "state" / "step-2.tmp").exists()
+    assert _steps(run_dir) == [0, 1, 2]  # row 2 was written; its state was not
+
+    # kill 2: step 3's row is written, its state not yet
+    _kill_when_paused(_start(["--resume", str(run_dir)], "after-log:3"), run_dir)
+    assert _latest_step(run_dir) == 2 and _steps(run_dir) == [0, 1, 2, 3]
+    cfg = load_config(EXAMPLE, overrides)
+    saved = load_file(run_dir / "checkpoints" / "ckpt-2" / "adapter_model.safetensors")
+    restored = _restored_adapter(cfg, tiny_model_dir, run_dir)
+    assert saved.keys() == restored.keys()
+    assert all(torch.equal(saved[k], restored[k]) for k in saved)  # bit for bit
+    pool_at_2 = resume.load_part(run_dir / "state" / "step-2", "pool")
+
+    finished = _start(["--resume", str(run_dir)], None)
+    output = finished.communicate(timeout=300)[0].decode()
+    assert finished.returncode == 0, output[-3000:]
+
+    assert _steps(run_dir) == [0, 1, 2, 3, 4]  # each learner step once, none missing
+    assert json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["final"] is True
+    assert _latest_step(run_dir) == 4 and not (run_dir / "state" / "step-2.tmp").exists()
+    assert all((run_dir / "checkpoints" / f"ckpt-{k}" / "adapter_model.safetensors").exists() for k in range(1, 5))
+    pool = resume.load_part(run_dir / "state" / "step-4", "pool")
+    assert [c["uid"] for c in pool["checkpoints"]] == ["ckpt--1", "ckpt-1", "ckpt-2", "ckpt-3", "ckpt-4"]
+    assert pool["games_played"] >= pool_at_2["games_played"]
+    assert set(pool_at_2["ratings"]) <= set(pool["ratings"])
+    learner = resume.load_part(run_dir / "state" / "step-4", "learner")
+    adapter = load_file(run_dir / "checkpoints" / "ckpt-4" / "adapter_model.safetensors")
+    weights = {name.replace(".default", ""): value for name, value in learner["policy"].items()}
+    assert learner["step"] == 4 and weights.keys() == adapter.keys()
+    assert all(torch.equal(weights[k], adapter[k]) for k in adapter)  # the state holds the served weights
