@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from unstable.dashboard import find_latest_run, watch
+from unstable.dashboard import watch
+from unstable.tracking.history import find_latest_run
 
 
 def main(argv: list[str] | None = None) -> int:

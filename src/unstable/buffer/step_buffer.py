@@ -103,5 +103,5 @@ class StepBuffer:
         return taken | set(rest[: batch_size - len(taken)])
 
     def metrics(self) -> dict[str, float]:
-        """Counters and the current size, for the tracker."""
-        return self.counters | {keys.BUFFER_SIZE: len(self.steps)}
+        """Counters, the current size and the capacity, for the tracker."""
+        return self.counters | {keys.BUFFER_SIZE: len(self.steps), keys.BUFFER_CAPACITY: self.max_buffer_size}

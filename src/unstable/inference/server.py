@@ -185,8 +185,10 @@ class InferenceServer:
 
 
 def merge_stats(per_server: list[dict[str, float]]) -> dict[str, float]:
-    """One `stats()` row for several servers: counts and tokens/s add up, busy fraction is the mean."""
+    """One `stats()` row for several servers: counts and tokens/s add up, busy fraction is the mean; each
+    server's own tokens/s is kept, in server order, under `inference/tokens_per_s_by_actor`."""
     merged = {key: sum(stats[key] for stats in per_server) for key in _SUMMED}
+    merged[keys.INFERENCE_TOKENS_PER_S_BY_ACTOR] = [stats[keys.INFERENCE_TOKENS_PER_S] for stats in per_server]
     merged[keys.INFERENCE_MEAN_BATCH_SIZE] = merged[keys.INFERENCE_REQUESTS] / max(merged[keys.INFERENCE_BATCHES], 1)
     merged[keys.INFERENCE_BUSY_FRACTION] = sum(s[keys.INFERENCE_BUSY_FRACTION] for s in per_server) / len(per_server)
     return merged
