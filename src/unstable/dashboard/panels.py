@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from rich.console import Group
@@ -12,7 +11,7 @@ from rich.text import Text
 
 from unstable.dashboard.system import Gauge
 from unstable.tracking import keys
-from unstable.tracking.history import final_row, latest_value, learner_rows, series
+from unstable.tracking.history import busiest_agents, final_row, latest_value, learner_rows, series
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 HEATMAP_AGENTS = 6  # the match heatmap shows the newest checkpoints and fixed opponents up to this many
@@ -116,8 +115,8 @@ GAMES = (
     ("time per turn (s)", keys.SECONDS_PER_TURN, ".3f"),
     ("action entropy (bits)", keys.ACTION_ENTROPY, ".2f"),
     ("distinct moves", keys.DISTINCT_ACTIONS, ".0f"),
-    ("training games", "total/train_games", ",.0f"),
-    ("failed games", "total/failed_games", ",.0f"),
+    ("training games", keys.TOTAL_TRAIN_GAMES, ",.0f"),
+    ("failed games", keys.TOTAL_FAILED_GAMES, ",.0f"),
 )
 
 
@@ -174,28 +173,11 @@ def ladder(rows: list[dict[str, Any]], limit: int = 10) -> Panel:
     return Panel(table, title=f"rating ladder ({latest_value(rows, keys.POOL_GAMES_RATED, 0)} games rated)")
 
 
-def _agent_order(agent: str) -> tuple[int, int, str]:
-    """Checkpoints newest first, then fixed opponents by name."""
-    match = re.fullmatch(r"ckpt-(-?\d+)", agent)
-    return (0, -int(match.group(1)), agent) if match else (1, 0, agent)
-
-
-def heatmap_agents(matrix: dict[str, dict[str, dict[str, Any]]], limit: int = HEATMAP_AGENTS) -> list[str]:
-    """The `limit` agents with the most games in the match matrix, checkpoints newest first, then the rest."""
-    games: dict[str, int] = {}
-    for agent, opponents in matrix.items():
-        for opponent, cell in opponents.items():
-            games[agent] = games.get(agent, 0) + cell["games"]
-            games[opponent] = games.get(opponent, 0) + cell["games"]
-    busiest = sorted(games, key=lambda agent: -games[agent])[:limit]
-    return sorted(busiest, key=_agent_order)
-
-
 def match_heatmap(rows: list[dict[str, Any]]) -> Panel:
     """Win rate of each row agent against each column agent (the busiest agents), coloured red to green,
     and each row agent's games against them all."""
     matrix = latest_value(rows, keys.POOL_MATCH_MATRIX, {})
-    agents = heatmap_agents(matrix)
+    agents = busiest_agents(matrix, HEATMAP_AGENTS)
     table = Table(box=None, padding=(0, 1))
     table.add_column("")
     for agent in agents:

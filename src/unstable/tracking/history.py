@@ -4,6 +4,7 @@ metric's values over learner steps. The dashboard and the report read runs only 
 from __future__ import annotations
 
 import json
+import re
 from numbers import Real
 from pathlib import Path
 from typing import Any
@@ -71,3 +72,20 @@ def latest_value(rows: list[dict[str, Any]], key: str, default: Any = None) -> A
 def final_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The summary row a finished run writes last (with `eval_start` and `eval_end`); empty while running."""
     return next((row for row in reversed(rows) if row.get("final")), {})
+
+
+def agent_order(agent: str) -> tuple[int, int, str]:
+    """Sort key: checkpoints (`ckpt-<k>`) newest first, then fixed opponents by name."""
+    match = re.fullmatch(r"ckpt-(-?\d+)", agent)
+    return (0, -int(match.group(1)), agent) if match else (1, 0, agent)
+
+
+def busiest_agents(matrix: dict[str, dict[str, dict[str, Any]]], limit: int) -> list[str]:
+    """The `limit` agents with the most games in a `pool/match_matrix`, in `agent_order`."""
+    games: dict[str, int] = {}
+    for agent, opponents in matrix.items():
+        for opponent, cell in opponents.items():
+            games[agent] = games.get(agent, 0) + cell["games"]
+            games[opponent] = games.get(opponent, 0) + cell["games"]
+    busiest = sorted(games, key=lambda agent: -games[agent])[:limit]
+    return sorted(busiest, key=agent_order)

@@ -87,5 +87,10 @@ POOL_ACTIVE_CHECKPOINTS = "pool/active_checkpoints"  # the newest max_active_lor
 POOL_LADDER = "pool/ladder"
 POOL_MATCH_MATRIX = "pool/match_matrix"  # {agent: {opponent: {"games", "wins", "draws", "losses", "win_rate"}}}
 
+# running totals since the run started
+TOTAL_TRAIN_GAMES = "total/train_games"
+TOTAL_EVAL_GAMES = "total/eval_games"
+TOTAL_FAILED_GAMES = "total/failed_games"
+
 # the row itself
 TIME = "time"

@@ -101,8 +101,8 @@ class Tracker:
     def add_game(self, summary: dict[str, Any]) -> None:
         """Record one finished game's summary (see `summarize_game`)."""
         self._row_games.append(summary)
-        self.totals["eval_games" if summary["is_eval"] else "train_games"] += 1
-        self.totals["failed_games"] += summary["failed"]
+        self.totals[keys.TOTAL_EVAL_GAMES if summary["is_eval"] else keys.TOTAL_TRAIN_GAMES] += 1
+        self.totals[keys.TOTAL_FAILED_GAMES] += summary["failed"]
         if summary["failed"]:
             return
         if not summary["is_eval"]:
@@ -117,7 +117,7 @@ class Tracker:
         row |= self._train_rates() | self._eval_rates()
         for source in self.sources:
             row.update(source.metrics())
-        row.update({f"total/{k}": v for k, v in self.totals.items()})
+        row.update(self.totals)
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         for sink in self.sinks:
