@@ -27,6 +27,16 @@ def sparkline(values: list[float], width: int = 40) -> str:
     return "".join(SPARK_CHARS[round((v - low) / span * (len(SPARK_CHARS) - 1))] for v in values)
 
 
+def trend(values: list[float], width: int = 40, spec: str = ".3g", style: str = "green") -> Text:
+    """A sparkline of `values` followed by their range, so the height of the blocks has a scale."""
+    if not values:
+        return Text("-", style="dim")
+    line = Text(sparkline(values, width), style=style)
+    recent = values[-width:]
+    line.append(f"  {min(recent):{spec}} … {max(recent):{spec}}", style="dim")
+    return line
+
+
 def bar(fraction: float, width: int = 20) -> str:
     """A horizontal bar filled to `fraction` (clipped to [0, 1])."""
     filled = round(max(0.0, min(1.0, fraction)) * width)
@@ -39,7 +49,7 @@ def interval_bar(low: float, mid: float, high: float, width: int = 20) -> Text:
     for i in range(_cell(low, width), _cell(high, width) + 1):
         cells[i] = "─"
     cells[_cell(mid, width)] = "●"
-    return Text("".join(cells), style="cyan")
+    return Text.assemble(("0 ", "dim"), ("".join(cells), "cyan"), (" 1", "dim"))
 
 
 def _cell(fraction: float, width: int) -> int:
@@ -104,7 +114,8 @@ def throughput(rows: list[dict[str, Any]]) -> Panel:
     for actor, tokens_per_s in enumerate(latest_value(rows, keys.INFERENCE_TOKENS_PER_S_BY_ACTOR, [])):
         table.add_row(f"  actor {actor} tokens/s", f"{tokens_per_s:,.0f}")
     _, games_per_s = series(rows, keys.GAMES_PER_S)
-    return Panel(Group(table, Text(sparkline(games_per_s, 32), style="green")), title="throughput")
+    table.add_row("games/s trend", "")
+    return Panel(Group(table, trend(games_per_s, 24, ".2f")), title="throughput")
 
 
 GAMES = (
@@ -139,8 +150,8 @@ def learner(rows: list[dict[str, Any]]) -> Panel:
     _, losses = series(rows, keys.LOSS)
     _, rewards = series(rows, keys.MEAN_REWARD)
     trends = Table.grid(padding=(0, 1))
-    trends.add_row("loss  ", Text(sparkline(losses), style="magenta"))
-    trends.add_row("reward", Text(sparkline(rewards), style="green"))
+    trends.add_row("loss  ", trend(losses, spec="+.3f", style="magenta"))
+    trends.add_row("reward", trend(rewards, spec="+.2f"))
     return Panel(Group(_metric_table(rows, LEARNER), trends), title="learner")
 
 
@@ -202,13 +213,14 @@ def evaluation(rows: list[dict[str, Any]]) -> Panel:
     table = Table.grid(padding=(0, 1))
     if latest:
         win, low, high = latest[keys.EVAL_WIN_RATE], latest[keys.EVAL_WIN_LOW], latest[keys.EVAL_WIN_HIGH]
-        table.add_row("rolling", f"W {win:.2f} D {latest[keys.EVAL_DRAW_RATE]:.2f} L {latest[keys.EVAL_LOSS_RATE]:.2f}")
+        draw, loss = latest[keys.EVAL_DRAW_RATE], latest[keys.EVAL_LOSS_RATE]
+        table.add_row(f"last {latest[keys.EVAL_GAMES]} games", f"W {win:.2f} D {draw:.2f} L {loss:.2f}")
         table.add_row("win 95% CI", f"[{low:.2f}, {high:.2f}]  n={latest[keys.EVAL_GAMES]}")
         table.add_row("", interval_bar(low, win, high))
     else:
-        table.add_row("rolling", "no eval games yet")
+        table.add_row("recent games", "no eval games yet")
     _, wins = series(rows, keys.EVAL_WIN_RATE)
-    table.add_row("win trend", Text(sparkline(wins, 30), style="cyan"))
+    table.add_row("win trend", trend(wins, 30, ".2f", "cyan"))
     final = final_row(rows)
     for label in ("eval_start", "eval_end"):
         if final.get(label, {}).get("games"):
