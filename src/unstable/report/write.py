@@ -46,7 +46,8 @@ def plot_eval(rows: list[dict[str, Any]], path: Path) -> None:
             error = [[rate - low], [high - rate]]
             name = f"{label.replace('_', ' ')} ({result['games']} games)"
             ax.errorbar([step], [rate], yerr=error, fmt="s", color=color, capsize=5, label=name)
-    ax.set(xlabel="learner step", ylabel="win rate vs eval opponents", ylim=(-0.02, 1.02), title="Evaluation")
+    _step_axis(ax)
+    ax.set(ylabel="win rate vs eval opponents", ylim=(-0.02, 1.02), title="Evaluation")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
     _save(fig, path)
@@ -61,8 +62,9 @@ def plot_ratings(rows: list[dict[str, Any]], path: Path) -> None:
         high = [m + s for m, s in zip(line["mu"], line["sigma"])]
         label = "latest checkpoint" if agent == "latest" else "base model (ckpt--1)" if agent == "ckpt--1" else agent
         (drawn,) = ax.plot(line["steps"], line["mu"], label=label, linewidth=2.5 if agent == "latest" else 1.5)
-        ax.fill_between(line["steps"], low, high, alpha=0.15, color=drawn.get_color())
-    ax.set(xlabel="learner step", ylabel="rating mu (band: ±1 sigma)", title="Ratings")
+        ax.fill_between(line["steps"], low, high, alpha=0.12, color=drawn.get_color(), linewidth=0)
+    _step_axis(ax)
+    ax.set(ylabel="rating mu (band: ±1 sigma)", title="Ratings")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
     _save(fig, path)
@@ -76,6 +78,7 @@ def plot_match_heatmap(rows: list[dict[str, Any]], path: Path) -> None:
     values = [[float("nan") if rate is None else rate for rate in row] for row in matrix["win_rate"]]
     size = 1.2 + 0.8 * max(len(agents), 2)
     fig, ax = plt.subplots(figsize=(size + 1.5, size))
+    ax.set_facecolor("0.85")  # pairs that never met stay grey
     image = ax.imshow(values, cmap="RdYlGn", vmin=0, vmax=1)
     for i, row in enumerate(matrix["win_rate"]):
         for j, rate in enumerate(row):
@@ -83,7 +86,11 @@ def plot_match_heatmap(rows: list[dict[str, Any]], path: Path) -> None:
                 ax.text(j, i, f"{rate:.2f}\nn={matrix['games'][i][j]}", ha="center", va="center", fontsize=8)
     ax.set_xticks(range(len(agents)), agents, rotation=45, ha="right")
     ax.set_yticks(range(len(agents)), agents)
-    ax.set(xlabel="opponent (column)", ylabel="agent (row)", title="Win rate of row agent vs column agent")
+    ax.set(
+        xlabel="opponent (column)",
+        ylabel="agent (row)",
+        title="Win rate of row agent vs column agent (grey: never met)",
+    )
     fig.colorbar(image, ax=ax, label="win rate")
     _save(fig, path)
 
@@ -97,24 +104,41 @@ def plot_throughput(rows: list[dict[str, Any]], path: Path) -> None:
         ax.plot(steps, values, marker=".")
         ax.set_ylabel(LABELS[key], fontsize=8)
         ax.grid(alpha=0.3)
-    axes[-1, 0].set_xlabel("learner step")
+    _step_axis(axes[-1, 0])
     axes[0, 0].set_title("Throughput (per learner step)")
     _save(fig, path)
 
 
 def plot_losses(rows: list[dict[str, Any]], path: Path) -> None:
-    """Every loss term the algorithm reported, and the batch's mean reward, over learner steps."""
+    """The total loss and every other loss term the algorithm reported (a term equal to the total is named in
+    the total's label instead of drawn over it), and the batch's mean reward, over learner steps."""
     plt = _pyplot()
     fig, (loss_ax, reward_ax) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True)
-    for key, (steps, values) in data.metric_lines(rows, data.LOSS_KEYS).items():
-        loss_ax.plot(steps, values, label=key.removeprefix("learner/"), linewidth=2.5 if key == keys.LOSS else 1.2)
+    lines = data.metric_lines(rows, data.LOSS_KEYS)
+    total = lines.pop(keys.LOSS, None)
+    same = [key for key, line in lines.items() if line == total]
+    if total:
+        names = "".join(f" = {key.removeprefix('learner/')}" for key in same)
+        loss_ax.plot(*total, label=f"loss (total){names}", linewidth=2.5)
+    for key, (steps, values) in lines.items():
+        if key not in same:
+            loss_ax.plot(steps, values, label=key.removeprefix("learner/"), linewidth=1.2)
     loss_ax.set(ylabel="loss", title="Learner")
     loss_ax.legend(loc="best", fontsize=8)
     loss_ax.grid(alpha=0.3)
     reward_ax.plot(*series(rows, keys.MEAN_REWARD), color="tab:green")
-    reward_ax.set(xlabel="learner step", ylabel="mean reward of the batch")
+    _step_axis(reward_ax)
+    reward_ax.set(ylabel="mean reward of the batch")
     reward_ax.grid(alpha=0.3)
     _save(fig, path)
+
+
+def _step_axis(ax) -> None:
+    """Label the x axis 'learner step' with whole-number ticks (axes sharing it get them too)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("learner step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _save(fig, path: Path) -> None:
