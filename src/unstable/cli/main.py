@@ -79,7 +79,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"unstable: training {cfg.run.name} for {total} learner steps", flush=True)
     summary = train(cfg, on_row=lambda row: print(format_progress(row, total), flush=True))
     print("\n=== summary ===")
-    print(f"  run dir: {summary.run_dir}")
+    print(f"  run dir: {summary.run_dir}   (plots: unstable report {summary.run_dir})")
     print(
         f"  learner steps: {summary.learner_steps}   training games: {summary.train_games}   "
         f"wall: {summary.wall_seconds:.0f}s"

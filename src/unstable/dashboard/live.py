@@ -4,6 +4,7 @@ finished, on this machine or a copied run directory, without talking to Ray."""
 from __future__ import annotations
 
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from unstable.dashboard.system import Gauge, system_gauges
 from unstable.tracking.history import METRICS_FILE, RowFollower
 
 STALE_AFTER_S = 30.0  # a run that wrote no row for this long is shown as quiet rather than running
+ONCE_MIN_HEIGHT = 46  # lines of a printed frame when the terminal is smaller (or not a terminal), so no panel is cut
+KEPT_ROWS = 500  # rows the live view keeps: the trends show fewer, the newest values need only the last ones
 
 
 def planned_steps(run_dir: str | Path) -> int | None:
@@ -61,13 +64,14 @@ def watch(run_dir: str | Path, interval_s: float = 2.0, once: bool = False, cons
         raise FileNotFoundError(f"run directory {run_dir} does not exist")
     console = console or Console()
     if once:
-        console.print(render(run_dir, RowFollower(run_dir).poll(), system_gauges(), is_writing(run_dir)))
+        frame = render(run_dir, RowFollower(run_dir).poll(), system_gauges(), is_writing(run_dir))
+        console.print(frame, height=max(console.height, ONCE_MIN_HEIGHT))
         return
     with Live(waiting(run_dir), console=console, screen=True, auto_refresh=False) as live:
         while not (run_dir / METRICS_FILE).is_file():
             time.sleep(interval_s)
-        follower, rows = RowFollower(run_dir), []
+        follower, rows = RowFollower(run_dir), deque(maxlen=KEPT_ROWS)
         while True:
-            rows += follower.poll()
-            live.update(render(run_dir, rows, system_gauges(), is_writing(run_dir)), refresh=True)
+            rows.extend(follower.poll())
+            live.update(render(run_dir, list(rows), system_gauges(), is_writing(run_dir)), refresh=True)
             time.sleep(interval_s)

@@ -14,7 +14,7 @@ from unstable.tracking import keys
 from unstable.tracking.history import busiest_agents, final_row, latest_value, learner_rows, series
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
-HEATMAP_AGENTS = 6  # the match heatmap shows the newest checkpoints and fixed opponents up to this many
+HEATMAP_AGENTS = 6  # the match heatmap shows the agents with the most games, up to this many
 
 
 def sparkline(values: list[float], width: int = 40) -> str:
@@ -79,7 +79,7 @@ def header(run_name: str, rows: list[dict[str, Any]], total_steps: int | None, l
     progress = f"  {bar(step / total_steps, 30)}" if total_steps else ""
     text = (
         f"[bold]{run_name}[/]   learner step [bold]{step}{of}[/]{progress}   "
-        f"elapsed {_fmt(latest_value(rows, keys.TIME, 0.0), '.0f')}s   rows {len(rows)}   {state}"
+        f"elapsed {_fmt(latest_value(rows, keys.TIME, 0.0), '.0f')}s   {state}"
     )
     return Panel(Text.from_markup(text), title="unstable-baselines", border_style="blue")
 
