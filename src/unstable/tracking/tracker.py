@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from unstable.records import GameRecord
 from unstable.tracking import keys
 from unstable.tracking.config import TrackerConfig
+from unstable.tracking.history import METRICS_FILE
 from unstable.tracking.stats import wdl_summary
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ class Tracker:
         self.sinks = list(sinks or [])
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.run_dir / "metrics.jsonl"
+        self.path = self.run_dir / METRICS_FILE
         self.start = time.time()
         self.totals: Counter = Counter()
         self._latest: dict[str, Any] = {}
