@@ -69,6 +69,24 @@ def test_sparkline_and_system_gauges():
     assert gauges and all(0 <= g.percent <= 100 for g in gauges)
 
 
+def test_gpu_gauges_read_nvml(monkeypatch):
+    """On a GPU machine the system panel shows each GPU's utilisation and memory (NVML faked here)."""
+    from types import SimpleNamespace
+
+    from unstable.dashboard.system import GIB, gpu_gauges
+
+    fake = SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetHandleByIndex=lambda index: index,
+        nvmlDeviceGetMemoryInfo=lambda handle: SimpleNamespace(used=20 * GIB, total=80 * GIB),
+        nvmlDeviceGetUtilizationRates=lambda handle: SimpleNamespace(gpu=73),
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert gpu_gauges() == [Gauge("GPU 0 util", 73.0), Gauge("GPU 0 mem", 25.0, "20.0 / 80.0 GiB")]
+
+
 def _pane(socket: str, session: str) -> str:
     return subprocess.run(
         ["tmux", "-L", socket, "capture-pane", "-p", "-t", session], capture_output=True, text=True, check=True
