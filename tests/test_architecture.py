@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "unstable"
 
 LAYERS = [
     {"records", "settings"},
-    {"batching", "trainable", "rl", "tracking", "dashboard", "games", "agents"},
+    {"batching", "trainable", "rl", "tracking", "dashboard", "report", "games", "agents"},
     {"models", "inference", "rewards", "reward_transformations"},
     {"buffer", "pool", "collector"},
     {"algorithms"},

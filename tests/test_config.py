@@ -35,6 +35,8 @@ def test_example_config_loads_with_overrides():
         ({"pool": {"fixed_opponents": ["grandmaster"]}}, "grandmaster"),
         ({"buffer": {"final_reward_transforms": [{"name": "Nope"}]}}, "unknown reward transform 'Nope'"),
         ({"learner": {"batch_sise": 3}}, "learner.batch_sise = 3: Extra inputs are not permitted"),
+        ({"tracker": {"wandb": "sometimes"}}, "tracker.wandb = 'sometimes'"),
+        ({"tracker": {"window_games": 0}}, "tracker.window_games = 0"),
     ],
 )
 def test_bad_values_name_the_field(sections, expected):

@@ -1,6 +1,7 @@
 """Pure logic without models or Ray: ratings, opponent sampling, the StepBuffer, reward transforms, Tracker."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -9,7 +10,8 @@ from unstable.buffer import StepBuffer
 from unstable.pool import ModelPool, RatingSystem
 from unstable.pool.config import PoolConfig
 from unstable.records import GameRecord, Step
-from unstable.tracking import Tracker, keys, summarize_game, wilson_interval
+from unstable.tracking import Tracker, TrackerConfig, keys, summarize_game, wilson_interval
+from unstable.tracking.tracker import entropy_bits
 
 
 def _step(pid, turn, tokens=(5, 6)):
@@ -160,9 +162,39 @@ def test_tracker_writes_jsonl_rows_with_window_aggregates(tmp_path):
     assert (row["eval/win_rate"], row["eval/win_low"], row["eval/win_high"]) == (0.0, 0.0, wilson_interval(0, 1)[1])
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert json.loads(lines[0])["learner/step"] == 1
-    empty = tracker.log()  # the window was reset
-    assert empty["collector/train_games"] == empty["eval/games"] == 0
-    assert (empty["eval/win_rate"], empty["eval/win_low"], empty["eval/win_high"]) == (0.0, 0.0, 1.0)
+    later = tracker.log()  # counts cover the games since the previous row, rates the rolling window of games
+    assert later["collector/train_games"] == 0 and later["collector/games_per_s"] == 0
+    assert later["eval/games"] == 1 and later["eval/loss_rate"] == 1.0
+
+
+def test_tracker_rates_cover_a_rolling_window_of_games(tmp_path):
+    tracker = Tracker(tmp_path, cfg=TrackerConfig(window_games=2))
+    for outcome in ({0: 1, 1: -1}, {0: -1, 1: 1}, {0: -1, 1: 1}):
+        tracker.add_game(summarize_game(_game(outcome, learner_ids=(0,), is_eval=True)))
+    row = tracker.log()
+    assert row[keys.EVAL_GAMES] == 2 and row[keys.EVAL_LOSS_RATE] == 1.0  # the first game left the window
+    assert row[keys.EVAL_WIN_HIGH] == wilson_interval(0, 2)[1]
+
+
+def test_tracker_reports_game_timing_and_action_entropy(tmp_path):
+    tracker = Tracker(tmp_path)
+    steps = tuple(_step(t % 2, t) for t in range(4))
+    moves = ("[0]", "[4]", "[0]", "[8]")  # the learner (seat 0) plays [0] twice: entropy 0 bits
+    record = GameRecord(
+        "TicTacToe-v0-train",
+        0,
+        {0: "ckpt-0", 1: "ckpt-0"},
+        tuple(replace(s, action=m) for s, m in zip(steps, moves)),
+        {0: 1, 1: -1},
+        learner_player_ids=(0, 1),
+        wall_seconds=2.0,
+    )
+    tracker.add_game(summarize_game(record))
+    row = tracker.log()
+    assert row[keys.MEAN_GAME_SECONDS] == 2.0 and row[keys.SECONDS_PER_TURN] == 0.5
+    assert row[keys.DISTINCT_ACTIONS] == 3
+    assert row[keys.ACTION_ENTROPY] == pytest.approx(entropy_bits(["[0]", "[0]", "[4]", "[8]"]))
+    assert entropy_bits(["a", "a", "b", "b"]) == 1.0 and entropy_bits([]) == 0.0
 
 
 class _Gauge:

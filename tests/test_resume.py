@@ -115,8 +115,8 @@ def test_buffer_state_carries_the_reward_baselines_and_counters():
 
 def test_tracker_state_continues_totals_and_time(tmp_path):
     tracker = Tracker(tmp_path)
-    tracker.totals["train_games"] = 7
+    tracker.totals[keys.TOTAL_TRAIN_GAMES] = 7
     state = tracker.state_dict()
     resumed = Tracker(tmp_path)
     resumed.load_state_dict(state | {"elapsed": 100.0})
-    assert resumed.log({})["total/train_games"] == 7 and resumed.latest()[keys.TIME] >= 100.0
+    assert resumed.log({})[keys.TOTAL_TRAIN_GAMES] == 7 and resumed.latest()[keys.TIME] >= 100.0

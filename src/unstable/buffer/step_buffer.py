@@ -122,8 +122,8 @@ class StepBuffer:
                 transform.load_state_dict(saved)
 
     def metrics(self) -> dict[str, float]:
-        """Counters and the current size, for the tracker."""
-        return self.counters | {keys.BUFFER_SIZE: len(self.steps)}
+        """Counters, the current size and the capacity, for the tracker."""
+        return self.counters | {keys.BUFFER_SIZE: len(self.steps), keys.BUFFER_CAPACITY: self.max_buffer_size}
 
 
 def _state(transform: Callable | None) -> Any:

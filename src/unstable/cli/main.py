@@ -1,14 +1,41 @@
-"""The `unstable` command line: train from a YAML config, warm-start by SFT, evaluate, build the tiny model,
-list envs."""
+"""The `unstable` command line: train from a YAML config, watch a run (`dashboard`), plot it (`report`),
+warm-start by SFT, evaluate, build the tiny model, list envs."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+
+@contextmanager
+def progress(description: str, total: int | None = None) -> Iterator[Callable[[], None]]:
+    """A Rich progress bar on stderr for long work (a spinner when `total` is None); yields `advance()`."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
+    with Progress(*columns, TimeElapsedColumn(), console=Console(stderr=True)) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda: bar.advance(task)
+        if total is None:  # the spinner's work is done: show it as one finished step
+            bar.update(task, total=1, completed=1)
+
+
+def build_tiny_model_with_progress(out_dir: str | Path) -> Path:
+    """The tiny model at `out_dir`, built first (behind a spinner) when it is missing."""
+    from unstable.models.tiny import ensure_tiny_model
+
+    if (Path(out_dir) / "config.json").is_file():
+        return Path(out_dir).resolve()
+    with progress(f"building the tiny model in {out_dir}"):
+        return ensure_tiny_model(out_dir)
 
 
 def format_progress(row: dict[str, Any], total_steps: int) -> str:
@@ -48,7 +75,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if (args.config is None) == (args.resume is None):
         raise ConfigError("train needs a CONFIG file or --resume RUN_DIR (not both)")
-    cfg = load_config(args.config or os.path.join(args.resume, "config.yaml"), args.set)
+    overrides = args.set + (["tracker.wandb=disabled"] if args.no_wandb else [])
+    cfg = load_config(args.config or os.path.join(args.resume, "config.yaml"), overrides)
+    if cfg.model.build_tiny_if_missing:
+        build_tiny_model_with_progress(cfg.model.path)
     total = cfg.learner.num_steps
 
     def print_row(row: dict[str, Any]) -> None:
@@ -56,12 +86,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.resume:
         print(f"unstable: resuming {args.resume} up to {total} learner steps", flush=True)
-        summary = resume_training(args.resume, args.set, on_row=print_row)
+        summary = resume_training(args.resume, overrides, on_row=print_row)
     else:
         print(f"unstable: training {cfg.run.name} for {total} learner steps", flush=True)
         summary = train(cfg, on_row=print_row)
     print("\n=== summary ===")
-    print(f"  run dir: {summary.run_dir}")
+    print(f"  run dir: {summary.run_dir}   (plots: unstable report {summary.run_dir})")
     print(
         f"  learner steps: {summary.learner_steps}   training games: {summary.train_games}   "
         f"wall: {summary.wall_seconds:.0f}s"
@@ -74,9 +104,35 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_build_tiny_model(args: argparse.Namespace) -> int:
     """`unstable build-tiny-model DIR`: build the tiny local Qwen3 model and tokenizer."""
-    from unstable.models.tiny import ensure_tiny_model
+    print(build_tiny_model_with_progress(args.out_dir))
+    return 0
 
-    print(ensure_tiny_model(args.out_dir))
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """`unstable dashboard [RUN]`: the live terminal view of a run (default: the latest under --runs)."""
+    from unstable.dashboard import watch
+    from unstable.tracking.history import find_latest_run
+
+    try:
+        watch(args.run or find_latest_run(args.runs), args.interval, once=args.once)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """`unstable report RUN_DIR`: PNG plots and report.md of a run, from its metrics.jsonl."""
+    from unstable.report import write_report
+
+    try:
+        path = write_report(args.run_dir, args.out)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"report: {path}")
     return 0
 
 
@@ -138,11 +194,7 @@ def _add_model_and_env_args(parser: argparse.ArgumentParser) -> None:
 def _model_and_spec(args: argparse.Namespace):
     from unstable.records import EnvSpec
 
-    model = args.model
-    if args.build_tiny:
-        from unstable.models.tiny import ensure_tiny_model
-
-        model = str(ensure_tiny_model(args.model))
+    model = str(build_tiny_model_with_progress(args.model)) if args.build_tiny else args.model
     return model, EnvSpec(args.env, args.num_players, args.template)
 
 
@@ -171,7 +223,18 @@ def cmd_sft(args: argparse.Namespace) -> int:
         lora=None if args.full_finetune else lora,
         num_threads=args.threads,
     )
-    path = run_sft(model, steps, cfg, out_dir=args.out_dir, epochs=args.epochs, seed=args.seed, on_epoch=_print_epoch)
+    updates = args.epochs * math.ceil(len(steps) / args.batch_size)
+    with progress("SFT updates", updates) as advance:
+        path = run_sft(
+            model,
+            steps,
+            cfg,
+            out_dir=args.out_dir,
+            epochs=args.epochs,
+            seed=args.seed,
+            on_epoch=_print_epoch,
+            on_update=lambda metrics: advance(),
+        )
     print(f"checkpoint: {path}")
     return 0
 
@@ -182,18 +245,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from unstable.inference import InferenceConfig
 
     model, spec = _model_and_spec(args)
-    report = evaluate(
-        model,
-        spec,
-        args.opponents,
-        adapter=args.adapter,
-        games_per_opponent=args.games,
-        inference=InferenceConfig(
-            max_new_tokens=args.max_new_tokens, temperature=args.temperature, num_threads=args.threads
-        ),
-        concurrency=args.concurrency,
-        seed=args.seed,
-    )
+    with progress("eval games", args.games * len(args.opponents)) as advance:
+        report = evaluate(
+            model,
+            spec,
+            args.opponents,
+            adapter=args.adapter,
+            games_per_opponent=args.games,
+            inference=InferenceConfig(
+                max_new_tokens=args.max_new_tokens, temperature=args.temperature, num_threads=args.threads
+            ),
+            concurrency=args.concurrency,
+            seed=args.seed,
+            on_game=lambda record: advance(),
+        )
     print(format_report(report))
     if args.out:
         print(f"report: {write_report(report, args.out)}")
@@ -214,7 +279,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a config field, e.g. --set learner.num_steps=5",
     )
+    train.add_argument("--no-wandb", action="store_true", help="do not log to W&B (same as tracker.wandb=disabled)")
     train.set_defaults(func=cmd_train)
+    dashboard = sub.add_parser("dashboard", help="watch a run live in the terminal")
+    dashboard.add_argument("run", nargs="?", default=None, help="a run directory (default: the latest under --runs)")
+    dashboard.add_argument("--runs", default="runs", help="where to look for the latest run")
+    dashboard.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    dashboard.add_argument("--once", action="store_true", help="print one frame and exit")
+    dashboard.set_defaults(func=cmd_dashboard)
+    report = sub.add_parser("report", help="plot a run and summarise it as Markdown")
+    report.add_argument("run_dir")
+    report.add_argument("--out", default=None, help="where to write (default: RUN_DIR/report)")
+    report.set_defaults(func=cmd_report)
     tiny = sub.add_parser("build-tiny-model", help="build the tiny local test model")
     tiny.add_argument("out_dir")
     tiny.set_defaults(func=cmd_build_tiny_model)

@@ -1,9 +1,9 @@
 """The run configuration: each component's own settings model, nested in `RunConfig`, validated on load.
 
 Every component declares its settings once, in its own folder (`collector/config.py`, `pool/config.py`,
-`buffer/config.py`, `inference/config.py`, `learner/config.py`), and takes that section whole. This module
-adds the run-level sections and reads YAML. Every error names the field path, the value and what is allowed
-(unknown keys are errors too, so a typo cannot silently fall back to a default).
+`buffer/config.py`, `inference/config.py`, `learner/config.py`, `tracking/config.py`), and takes that section
+whole. This module adds the run-level sections and reads YAML. Every error names the field path, the value and
+what is allowed (unknown keys are errors too, so a typo cannot silently fall back to a default).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from unstable.inference.config import InferenceConfig
 from unstable.learner.config import LearnerConfig
 from unstable.pool.config import PoolConfig
 from unstable.settings import Settings
+from unstable.tracking.config import TrackerConfig
 
 
 class RunSection(Settings):
@@ -72,6 +73,7 @@ class RunConfig(Settings):
     buffer: BufferConfig = BufferConfig()
     learner: LearnerConfig = LearnerConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
+    tracker: TrackerConfig = TrackerConfig()
 
     @model_validator(mode="after")
     def _past_checkpoints_need_adapters(self) -> RunConfig:

@@ -3,75 +3,75 @@ finished, on this machine or a copied run directory, without talking to Ray."""
 
 from __future__ import annotations
 
-import json
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console, Group
+import yaml
+from rich.console import Console
+from rich.layout import Layout
 from rich.live import Live
-from rich.table import Table
+from rich.panel import Panel
 
-from unstable.tracking import keys
+from unstable.dashboard import panels
+from unstable.dashboard.system import Gauge, system_gauges
+from unstable.tracking.history import METRICS_FILE, RowFollower
 
-PANEL_ROWS = (
-    ("learner step", keys.STEP, "{:.0f}"),
-    ("loss", keys.LOSS, "{:+.4f}"),
-    ("mean reward", keys.MEAN_REWARD, "{:+.3f}"),
-    ("learner tokens/s", keys.TRAIN_TOKENS_PER_S, "{:,.0f}"),
-    ("games/s", keys.GAMES_PER_S, "{:.2f}"),
-    ("inference tokens/s", keys.INFERENCE_TOKENS_PER_S, "{:,.0f}"),
-    ("format ok", keys.FORMAT_OK_RATE, "{:.2f}"),
-    ("invalid moves", keys.INVALID_MOVE_RATE, "{:.2f}"),
-    ("buffer size", keys.BUFFER_SIZE, "{:.0f}"),
-    ("staleness (mean)", keys.STALENESS_MEAN, "{:.2f}"),
-    ("eval win rate", keys.EVAL_WIN_RATE, "{:.2f}"),
-    ("games rated", keys.POOL_GAMES_RATED, "{:.0f}"),
-)
+STALE_AFTER_S = 30.0  # a run that wrote no row for this long is shown as quiet rather than running
+ONCE_MIN_HEIGHT = 46  # lines of a printed frame when the terminal is smaller (or not a terminal), so no panel is cut
+KEPT_ROWS = 500  # rows the live view keeps: the trends show fewer, the newest values need only the last ones
 
 
-def find_latest_run(runs_dir: str | Path = "runs") -> Path:
-    """The run directory under `runs_dir` whose `metrics.jsonl` changed last."""
-    files = sorted(Path(runs_dir).glob("*/metrics.jsonl"), key=lambda p: p.stat().st_mtime)
-    if not files:
-        raise FileNotFoundError(f"no run with a metrics.jsonl under {Path(runs_dir).resolve()}")
-    return files[-1].parent
+def planned_steps(run_dir: str | Path) -> int | None:
+    """`learner.num_steps` from the run's `config.yaml` (None for runs started without one)."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return None
+    return (yaml.safe_load(path.read_text()) or {}).get("learner", {}).get("num_steps")
 
 
-def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Every complete row of the run's `metrics.jsonl` (a line still being written is skipped)."""
-    rows = []
-    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+def is_writing(run_dir: str | Path) -> bool:
+    """True while the run's `metrics.jsonl` changed within the last `STALE_AFTER_S` seconds."""
+    path = Path(run_dir) / METRICS_FILE
+    return path.is_file() and time.time() - path.stat().st_mtime < STALE_AFTER_S
 
 
-def render(run_dir: str | Path, rows: list[dict[str, Any]]) -> Group:
-    """The run's latest numbers and its rating ladder as Rich tables."""
-    latest = next((r for r in reversed(rows) if keys.STEP in r), {})
-    overview = Table(title=f"{Path(run_dir).name}  ({len(rows)} rows, {latest.get(keys.TIME, 0):.0f}s)")
-    overview.add_column("metric")
-    overview.add_column("value", justify="right")
-    for label, key, fmt in PANEL_ROWS:
-        overview.add_row(label, fmt.format(latest[key]) if key in latest else "-")
-    ladder = Table(title="rating ladder (mu - 3 sigma)")
-    for column in ("agent", "mu", "sigma", "score"):
-        ladder.add_column(column, justify="left" if column == "agent" else "right")
-    for entry in latest.get(keys.POOL_LADDER, [])[:10]:
-        ladder.add_row(entry["agent"], f"{entry['mu']:.2f}", f"{entry['sigma']:.2f}", f"{entry['conservative']:.2f}")
-    return Group(overview, ladder)
+def render(run_dir: str | Path, rows: list[dict[str, Any]], gauges: list[Gauge], live: bool = True) -> Layout:
+    """One frame: a header; throughput, games, learner; rating ladder, match heatmap; buffer, evaluation, system."""
+    layout = Layout()
+    layout.split_column(Layout(name="header", size=3), Layout(name="top"), Layout(name="middle"), Layout(name="bottom"))
+    layout["header"].update(panels.header(Path(run_dir).name, rows, planned_steps(run_dir), live))
+    layout["top"].split_row(Layout(panels.throughput(rows)), Layout(panels.games(rows)), Layout(panels.learner(rows)))
+    layout["middle"].split_row(Layout(panels.ladder(rows), ratio=2), Layout(panels.match_heatmap(rows), ratio=3))
+    layout["bottom"].split_row(
+        Layout(panels.buffer(rows)), Layout(panels.evaluation(rows), ratio=2), Layout(panels.system(gauges))
+    )
+    return layout
+
+
+def waiting(run_dir: str | Path) -> Panel:
+    """The frame shown until the run writes its first row."""
+    return Panel(f"waiting for {Path(run_dir) / METRICS_FILE} ...", title="unstable-baselines")
 
 
 def watch(run_dir: str | Path, interval_s: float = 2.0, once: bool = False, console: Console | None = None) -> None:
-    """Show the run, refreshed every `interval_s` seconds until interrupted (`once`: one frame, then return)."""
+    """Show the run, refreshed every `interval_s` seconds until interrupted (`once`: one frame, then return).
+
+    A run directory that exists but has no rows yet is waited for."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory {run_dir} does not exist")
     console = console or Console()
     if once:
-        console.print(render(run_dir, read_rows(run_dir)))
+        frame = render(run_dir, RowFollower(run_dir).poll(), system_gauges(), is_writing(run_dir))
+        console.print(frame, height=max(console.height, ONCE_MIN_HEIGHT))
         return
-    with Live(render(run_dir, read_rows(run_dir)), console=console, refresh_per_second=4) as live:
-        while True:
+    with Live(waiting(run_dir), console=console, screen=True, auto_refresh=False) as live:
+        while not (run_dir / METRICS_FILE).is_file():
             time.sleep(interval_s)
-            live.update(render(run_dir, read_rows(run_dir)))
+        follower, rows = RowFollower(run_dir), deque(maxlen=KEPT_ROWS)
+        while True:
+            rows.extend(follower.poll())
+            live.update(render(run_dir, list(rows), system_gauges(), is_writing(run_dir)), refresh=True)
+            time.sleep(interval_s)

@@ -13,6 +13,7 @@ probability of the aggressive move, and `exploitability` computes the best respo
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -44,9 +45,10 @@ def play_matches(
     seed: int = 0,
     concurrency: int = 32,
     max_turns: int = DEFAULT_MAX_TURNS,
+    on_game: Callable[[GameRecord], None] = lambda record: None,
 ) -> list[GameRecord]:
     """Play `num_games` games of `model` against `opponent`, the model's seat alternating; game `i` uses seed
-    `seed + i` and puts the model in seat `i % num_players`."""
+    `seed + i` and puts the model in seat `i % num_players`. `on_game` sees each record as its game ends."""
     template = get_template(spec.prompt_template)
 
     def play(game: int) -> GameRecord:
@@ -58,7 +60,11 @@ def play_matches(
             lambda pid: make_agent(opponent, client, template, tokenizer, seed=game_seed * spec.num_players + pid),
             mirror=False,
         )
-        return play_episode(spec, agents, game_seed, max_turns=max_turns, is_eval=True, learner_player_ids=model_seats)
+        record = play_episode(
+            spec, agents, game_seed, max_turns=max_turns, is_eval=True, learner_player_ids=model_seats
+        )
+        on_game(record)
+        return record
 
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, num_games)), thread_name_prefix="eval") as pool:
         return list(pool.map(play, range(num_games)))
@@ -133,10 +139,12 @@ def evaluate(
     concurrency: int = 32,
     seed: int = 0,
     max_turns: int = DEFAULT_MAX_TURNS,
+    on_game: Callable[[GameRecord], None] = lambda record: None,
 ) -> dict[str, Any]:
     """Play the checkpoint (`model_path` plus optional LoRA `adapter`) against each opponent and return the
     JSON-ready report; for Kuhn Poker it also holds the exact exploitability under `"kuhn"`. `inference` sets
-    the sampling and threads of the transformers engine the games share."""
+    the sampling and threads of the transformers engine the games share; `on_game` sees each finished game
+    (a progress bar counts them)."""
     parsed = {name: parse_opponent(name) for name in opponents}
     adapters = sum(o.checkpoint is not None for o in parsed.values()) + 1
     inference = inference.model_copy(update={"backend": "transformers", "max_loras": adapters})
@@ -157,6 +165,7 @@ def evaluate(
                     seed=seed,
                     concurrency=concurrency,
                     max_turns=max_turns,
+                    on_game=on_game,
                 )
             )
             for name, opponent in parsed.items()

@@ -270,8 +270,10 @@ class StaticBatches:
 
 def merge_stats(per_server: list[dict[str, float]]) -> dict[str, float]:
     """One `stats()` row for several servers: counts and tokens/s add up, rows per forward pass is the mean over
-    every server's forward passes, busy fraction the mean over servers."""
+    every server's forward passes, busy fraction the mean over servers; each server's own tokens/s is kept, in
+    server order, under `inference/tokens_per_s_by_actor`."""
     merged = {key: sum(stats[key] for stats in per_server) for key in _SUMMED}
+    merged[keys.INFERENCE_TOKENS_PER_S_BY_ACTOR] = [stats[keys.INFERENCE_TOKENS_PER_S] for stats in per_server]
     rows = sum(s[keys.INFERENCE_MEAN_BATCH_SIZE] * s[keys.INFERENCE_BATCHES] for s in per_server)
     merged[keys.INFERENCE_MEAN_BATCH_SIZE] = rows / max(merged[keys.INFERENCE_BATCHES], 1)
     merged[keys.INFERENCE_BUSY_FRACTION] = sum(s[keys.INFERENCE_BUSY_FRACTION] for s in per_server) / len(per_server)

@@ -36,12 +36,15 @@ def run_sft(
     epochs: int = 3,
     seed: int = 0,
     on_epoch: Callable[[dict[str, float]], None] = lambda row: None,
+    on_update: Callable[[dict[str, float]], None] = lambda metrics: None,
 ) -> str:
     """Fine-tune `model_path` on `steps` for `epochs` shuffled passes and return the saved checkpoint's path.
 
     Each batch of `cfg.batch_size` steps is one `Learner.train_step` with the `SFT` algorithm. The checkpoint
     is `out_dir/checkpoints/ckpt-<updates>`. `on_epoch` gets `{"epoch", "loss", "updates"}` after each pass
-    (the loss is the mean over that pass's batches). `seed` seeds torch (fresh LoRA weights) and the shuffling.
+    (the loss is the mean over that pass's batches), `on_update` each update's metrics (a progress bar counts
+    them: `epochs * ceil(len(steps) / cfg.batch_size)` in all). `seed` seeds torch (fresh LoRA weights) and the
+    shuffling.
     """
     if not steps:
         raise ValueError("no supervised steps to train on")
@@ -52,6 +55,10 @@ def run_sft(
     size = cfg.batch_size
     for epoch in range(1, epochs + 1):
         rng.shuffle(order)
-        losses = [learner.train_step(order[i : i + size])[keys.LOSS] for i in range(0, len(order), size)]
+        losses = []
+        for start in range(0, len(order), size):
+            metrics = learner.train_step(order[start : start + size])
+            on_update(metrics)
+            losses.append(metrics[keys.LOSS])
         on_epoch({"epoch": epoch, "loss": sum(losses) / len(losses), "updates": learner.step})
     return learner.save_checkpoint(str(Path(out_dir) / "checkpoints" / f"ckpt-{learner.step}"))

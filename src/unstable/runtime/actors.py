@@ -28,7 +28,8 @@ from unstable.pool import ModelPool
 from unstable.pool.config import PoolConfig
 from unstable.runtime.loop import LearnerLoop
 from unstable.runtime.remote import RemoteProxy
-from unstable.tracking import Tracker, new_run_dir
+from unstable.tracking import Tracker, TrackerConfig, new_run_dir
+from unstable.tracking.sinks import make_sinks
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,8 @@ def _register_source(tracker) -> None:
 @ray.remote(num_cpus=0)
 class TrackerActor(Tracker):
     """The seed's `Tracker(run_name, wandb_project)`: a run directory `runs_dir/run_name` (the next free
-    `-2`, `-3`, ... when taken) or `run_dir` as given; with `wandb_project`, rows go to W&B too."""
+    `-2`, `-3`, ... when taken) or `run_dir` as given. The YAML path passes its `cfg` (a TrackerConfig);
+    the seed's keywords make one: W&B only with `wandb_project` (in `wandb_mode`, default 'auto')."""
 
     def __init__(
         self,
@@ -69,14 +71,13 @@ class TrackerActor(Tracker):
         run_dir: str | None = None,
         runs_dir: str = "runs",
         wandb_mode: str | None = None,
+        cfg: TrackerConfig | None = None,
     ):
         directory = Path(run_dir) if run_dir else new_run_dir(Path(runs_dir) / run_name)
-        sinks = []
-        if wandb_project:
-            from unstable.tracking.sinks import WandbSink
-
-            sinks.append(WandbSink(wandb_project, run_name, directory, mode=wandb_mode))
-        super().__init__(directory, sinks)
+        if cfg is None:
+            seed_wandb = {"wandb": wandb_mode or "auto", "wandb_project": wandb_project}
+            cfg = TrackerConfig(**(seed_wandb if wandb_project else {"wandb": "disabled"}))
+        super().__init__(directory, make_sinks(cfg, directory, run_name), cfg)
         log_to_run_dir(directory, "tracker")
 
 

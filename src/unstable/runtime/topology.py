@@ -63,7 +63,7 @@ def build_topology(cfg: RunConfig, run_dir: Path) -> Topology:
 
     model_path = resolve_model_path(cfg)
     seed = cfg.run.seed
-    tracker = TrackerActor.options(name="Tracker").remote(cfg.run.name, run_dir=str(run_dir.resolve()))
+    tracker = TrackerActor.options(name="Tracker").remote(cfg.run.name, run_dir=str(run_dir.resolve()), cfg=cfg.tracker)
     buffer = StepBufferActor.options(name="StepBuffer").remote(
         cfg.buffer.max_buffer_size, tracker, **cfg.buffer.transform_stages(), seed=seed
     )

@@ -1,6 +1,17 @@
-"""Metrics: the Tracker, the game summaries it aggregates, and win/draw/loss statistics."""
+"""Metrics: the Tracker, its settings and sinks, the game summaries it aggregates, win/draw/loss statistics and
+reading a run's rows back."""
 
+from unstable.tracking.config import TrackerConfig
 from unstable.tracking.stats import WDL, wdl_summary, wilson_interval
 from unstable.tracking.tracker import Tracker, new_run_dir, summarize_game, truncate_metrics
 
-__all__ = ["WDL", "Tracker", "new_run_dir", "summarize_game", "truncate_metrics", "wdl_summary", "wilson_interval"]
+__all__ = [
+    "WDL",
+    "Tracker",
+    "TrackerConfig",
+    "new_run_dir",
+    "summarize_game",
+    "truncate_metrics",
+    "wdl_summary",
+    "wilson_interval",
+]

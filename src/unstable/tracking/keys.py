@@ -37,7 +37,7 @@ UPDATE_SECONDS = "learner/update_seconds"
 WAIT_SECONDS = "learner/wait_seconds"
 TRAIN_TOKENS_PER_S = "learner/tokens_per_s"
 
-# collector: aggregates over the games finished since the previous row
+# collector: counts and throughput over the games finished since the previous row
 GAMES_PER_S = "collector/games_per_s"
 GAME_TOKENS_PER_S = "collector/tokens_per_s"
 TRAIN_GAMES = "collector/train_games"
@@ -45,11 +45,18 @@ FAILED_GAMES = "collector/failed_games"
 # + the exception's name (an env that raised, APIOpponentError, a dead inference actor's RayActorError, ...):
 # failed games by cause since the run began
 FAILED_BY_CAUSE = "total/failed_games/"
-MEAN_TURNS = "collector/mean_turns"
+# collector: rates over the rolling window of the last `TrackerConfig.window_games` training games
+MEAN_TURNS = "collector/mean_turns"  # game length in turns
+MEAN_GAME_SECONDS = "collector/mean_game_seconds"  # game length in wall-clock seconds
+SECONDS_PER_TURN = "collector/seconds_per_turn"
 FORMAT_OK_RATE = "collector/format_ok_rate"
 INVALID_MOVE_RATE = "collector/invalid_move_rate"
+# entropy in bits of the learner's chosen moves (well-formed, valid ones); most telling in fixed-move games
+# such as TicTacToe, where it falls as the policy settles on a few openings
+ACTION_ENTROPY = "collector/action_entropy"
+DISTINCT_ACTIONS = "collector/distinct_actions"
 
-# evaluation games finished since the previous row
+# evaluation: W/D/L over the rolling window of the last `TrackerConfig.window_games` eval games
 EVAL_GAMES = "eval/games"
 EVAL_WIN_RATE = "eval/win_rate"
 EVAL_DRAW_RATE = "eval/draw_rate"
@@ -62,11 +69,13 @@ INFERENCE_REQUESTS = "inference/requests"
 INFERENCE_BATCHES = "inference/batches"
 INFERENCE_GENERATED_TOKENS = "inference/generated_tokens"
 INFERENCE_TOKENS_PER_S = "inference/tokens_per_s"
+INFERENCE_TOKENS_PER_S_BY_ACTOR = "inference/tokens_per_s_by_actor"  # [tokens/s of server 0, server 1, ...]
 INFERENCE_MEAN_BATCH_SIZE = "inference/mean_batch_size"
 INFERENCE_BUSY_FRACTION = "inference/busy_fraction"
 
 # step buffer
 BUFFER_SIZE = "buffer/size"
+BUFFER_CAPACITY = "buffer/capacity"
 BUFFER_GAMES_ADDED = "buffer/games_added"
 BUFFER_GAMES_SKIPPED = "buffer/games_skipped"
 BUFFER_STEPS_ADDED = "buffer/steps_added"
@@ -82,6 +91,11 @@ POOL_ACTIVE_CHECKPOINTS = "pool/active_checkpoints"  # the newest max_active_lor
 # win_probability and match_quality are against the latest checkpoint
 POOL_LADDER = "pool/ladder"
 POOL_MATCH_MATRIX = "pool/match_matrix"  # {agent: {opponent: {"games", "wins", "draws", "losses", "win_rate"}}}
+
+# running totals since the run started
+TOTAL_TRAIN_GAMES = "total/train_games"
+TOTAL_EVAL_GAMES = "total/eval_games"
+TOTAL_FAILED_GAMES = "total/failed_games"
 
 # the row itself
 TIME = "time"

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
 from unstable.records import GameRecord
 from unstable.tracking import keys
+from unstable.tracking.config import TrackerConfig
+from unstable.tracking.history import METRICS_FILE
 from unstable.tracking.stats import wdl_summary
 
 log = logging.getLogger(__name__)
@@ -37,7 +41,15 @@ def summarize_game(record: GameRecord) -> dict[str, Any]:
         "invalid_moves": sum(s.invalid_move for s in steps),
         "generated_tokens": sum(len(s.completion_token_ids) for s in record.steps),
         "wall_seconds": record.wall_seconds,
+        "moves": [s.action for s in steps if s.format_ok and not s.invalid_move],
     }
+
+
+def entropy_bits(items: Iterable[Any]) -> float:
+    """Shannon entropy in bits of the empirical distribution of `items` (0.0 when there are none)."""
+    counts = Counter(items)
+    total = sum(counts.values())
+    return -sum(n / total * math.log2(n / total) for n in counts.values()) if total else 0.0
 
 
 def new_run_dir(path: Path) -> Path:
@@ -86,27 +98,31 @@ class MetricSource(Protocol):
 
 
 class Tracker:
-    """Aggregates game summaries over a window and writes every metric to `run_dir/metrics.jsonl` (and to each
-    sink in `sinks`, e.g. `tracking.sinks.WandbSink`).
+    """Aggregates game summaries and writes every metric to `run_dir/metrics.jsonl` (and to each sink in
+    `sinks`, see `tracking.sinks.make_sinks`).
 
-    `log(metrics)` closes the window: it adds the window's collector aggregates (games/s, tokens/s, format
-    and invalid-move rates, eval W/D/L) and the current `metrics()` of every source added with `add_source`
-    to `metrics`, appends the row to the JSONL file and returns it. So nothing reaches a caller that the
-    file does not hold.
+    `log(metrics)` writes a row: `metrics`, the collector's counts and throughput since the previous row, its
+    rates over the rolling window of the last `cfg.window_games` training games (format, invalid moves, game
+    length, time per turn, action entropy), the eval W/D/L over the last `cfg.window_games` eval games, and
+    the current `metrics()` of every source added with `add_source`. It returns the row, so nothing reaches a
+    caller that the file does not hold.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, sinks: list[Any] | None = None):
+    def __init__(self, run_dir: str | os.PathLike, sinks: list[Any] | None = None, cfg: TrackerConfig | None = None):
+        self.cfg = cfg or TrackerConfig()
         self.sources: list[MetricSource] = []
         self.sinks = list(sinks or [])
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.run_dir / "metrics.jsonl"
+        self.path = self.run_dir / METRICS_FILE
         self.start = time.time()
         self.totals: Counter = Counter()
         self.failed_by_cause: Counter = Counter()
-        self.rows: list[dict[str, Any]] = []
-        self._window_games: list[dict[str, Any]] = []
-        self._window_start = time.time()
+        self._latest: dict[str, Any] = {}
+        self._row_games: list[dict[str, Any]] = []
+        self._row_start = time.time()
+        self._train_window: deque[dict[str, Any]] = deque(maxlen=self.cfg.window_games)
+        self._eval_window: deque[dict[str, Any]] = deque(maxlen=self.cfg.window_games)
 
     def add_source(self, source: MetricSource) -> None:
         """Read `source.metrics()` into every row from now on."""
@@ -114,27 +130,33 @@ class Tracker:
 
     def add_game(self, summary: dict[str, Any]) -> None:
         """Record one finished game's summary (see `summarize_game`)."""
-        self._window_games.append(summary)
-        self.totals["eval_games" if summary["is_eval"] else "train_games"] += 1
-        self.totals["failed_games"] += summary["failed"]
+        self._row_games.append(summary)
+        self.totals[keys.TOTAL_EVAL_GAMES if summary["is_eval"] else keys.TOTAL_TRAIN_GAMES] += 1
+        self.totals[keys.TOTAL_FAILED_GAMES] += summary["failed"]
         if summary["failed"]:
             self.failed_by_cause[summary["error_type"]] += 1
+            return
+        if not summary["is_eval"]:
+            self._train_window.append(summary)
+        elif summary["outcome"] is not None:
+            self._eval_window.append(summary)
 
     def log(self, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Write one row: `metrics` plus the collector aggregates of the window since the last row."""
+        """Write one row: `metrics` plus the collector and eval aggregates (see the class docstring)."""
         now = time.time()
-        row = {keys.TIME: now - self.start, **(metrics or {}), **self._window_aggregates(now)}
+        row = {keys.TIME: now - self.start, **(metrics or {}), **self._row_aggregates(now)}
+        row |= self._train_rates() | self._eval_rates()
         for source in self.sources:
             row.update(source.metrics())
-        row.update({f"total/{k}": v for k, v in self.totals.items()})
+        row.update(self.totals)
         row.update({keys.FAILED_BY_CAUSE + cause: n for cause, n in self.failed_by_cause.items()})
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         for sink in self.sinks:
             sink.write(row)
-        self.rows.append(row)
-        self._window_games = []
-        self._window_start = now
+        self._latest = row
+        self._row_games = []
+        self._row_start = now
         return row
 
     def state_dict(self) -> dict[str, Any]:
@@ -162,25 +184,44 @@ class Tracker:
 
     def latest(self) -> dict[str, Any]:
         """The last row written (empty before the first)."""
-        return self.rows[-1] if self.rows else {}
+        return self._latest
 
-    def _window_aggregates(self, now: float) -> dict[str, float]:
-        elapsed = max(now - self._window_start, 1e-9)
-        train = [g for g in self._window_games if not g["is_eval"] and not g["failed"]]
-        evals = wdl_summary(g["outcome"] for g in self._window_games if g["is_eval"] and g["outcome"] is not None)
-        decisions = sum(g["learner_steps"] for g in train)
+    def _row_aggregates(self, now: float) -> dict[str, float]:
+        """Counts and throughput of the games finished since the previous row."""
+        elapsed = max(now - self._row_start, 1e-9)
+        train = [g for g in self._row_games if not g["is_eval"] and not g["failed"]]
         return {
-            "collector/games_per_s": len(train) / elapsed,
-            "collector/tokens_per_s": sum(g["generated_tokens"] for g in self._window_games) / elapsed,
-            "collector/train_games": len(train),
-            "collector/failed_games": sum(g["failed"] for g in self._window_games),
-            "collector/mean_turns": sum(g["turns"] for g in train) / max(len(train), 1),
-            "collector/format_ok_rate": sum(g["format_ok"] for g in train) / max(decisions, 1),
-            "collector/invalid_move_rate": sum(g["invalid_moves"] for g in train) / max(decisions, 1),
-            "eval/games": evals["games"],
-            "eval/win_rate": evals["win_rate"],
-            "eval/draw_rate": evals["draw_rate"],
-            "eval/loss_rate": evals["loss_rate"],
-            "eval/win_low": evals["win_ci"][0],
-            "eval/win_high": evals["win_ci"][1],
+            keys.GAMES_PER_S: len(train) / elapsed,
+            keys.GAME_TOKENS_PER_S: sum(g["generated_tokens"] for g in self._row_games) / elapsed,
+            keys.TRAIN_GAMES: len(train),
+            keys.FAILED_GAMES: sum(g["failed"] for g in self._row_games),
+        }
+
+    def _train_rates(self) -> dict[str, float]:
+        """Rates over the rolling window of training games."""
+        games = self._train_window
+        n = max(len(games), 1)
+        turns = sum(g["turns"] for g in games)
+        decisions = max(sum(g["learner_steps"] for g in games), 1)
+        moves = [move for g in games for move in g["moves"]]
+        return {
+            keys.MEAN_TURNS: turns / n,
+            keys.MEAN_GAME_SECONDS: sum(g["wall_seconds"] for g in games) / n,
+            keys.SECONDS_PER_TURN: sum(g["wall_seconds"] for g in games) / max(turns, 1),
+            keys.FORMAT_OK_RATE: sum(g["format_ok"] for g in games) / decisions,
+            keys.INVALID_MOVE_RATE: sum(g["invalid_moves"] for g in games) / decisions,
+            keys.ACTION_ENTROPY: entropy_bits(moves),
+            keys.DISTINCT_ACTIONS: len(set(moves)),
+        }
+
+    def _eval_rates(self) -> dict[str, float]:
+        """W/D/L of the learner over the rolling window of eval games, with the win rate's Wilson interval."""
+        evals = wdl_summary(g["outcome"] for g in self._eval_window)
+        return {
+            keys.EVAL_GAMES: evals["games"],
+            keys.EVAL_WIN_RATE: evals["win_rate"],
+            keys.EVAL_DRAW_RATE: evals["draw_rate"],
+            keys.EVAL_LOSS_RATE: evals["loss_rate"],
+            keys.EVAL_WIN_LOW: evals["win_ci"][0],
+            keys.EVAL_WIN_HIGH: evals["win_ci"][1],
         }

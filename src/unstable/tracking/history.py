@@ -1,0 +1,91 @@
+"""Reading a run back from its `metrics.jsonl`: every row, the rows appended since the last look, and one
+metric's values over learner steps. The dashboard and the report read runs only through these."""
+
+from __future__ import annotations
+
+import json
+import re
+from numbers import Real
+from pathlib import Path
+from typing import Any
+
+from unstable.tracking import keys
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def find_latest_run(runs_dir: str | Path = "runs") -> Path:
+    """The run directory under `runs_dir` whose `metrics.jsonl` changed last."""
+    files = sorted(Path(runs_dir).glob(f"*/{METRICS_FILE}"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        raise FileNotFoundError(f"no run with a {METRICS_FILE} under {Path(runs_dir).resolve()}")
+    return files[-1].parent
+
+
+def metrics_path(run_dir: str | Path) -> Path:
+    """`run_dir/metrics.jsonl`, or a FileNotFoundError naming it when the run has written no row yet."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: is {run_dir} a run directory?")
+    return path
+
+
+def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every complete row of the run's `metrics.jsonl`."""
+    return RowFollower(run_dir).poll()
+
+
+class RowFollower:
+    """Follows a growing `metrics.jsonl`: each `poll()` returns the rows completed since the previous one (a
+    line still being written waits for its newline)."""
+
+    def __init__(self, run_dir: str | Path):
+        self.path = metrics_path(run_dir)
+        self.offset = 0
+
+    def poll(self) -> list[dict[str, Any]]:
+        """The complete rows appended since the last call."""
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        return [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
+
+
+def learner_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows written at a learner step (row 0 is the initial evaluation; the final summary row has none)."""
+    return [row for row in rows if keys.STEP in row]
+
+
+def series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """`(steps, values)` of a numeric metric over the learner rows that hold it."""
+    points = [(row[keys.STEP], row[key]) for row in learner_rows(rows) if isinstance(row.get(key), Real)]
+    return [step for step, _ in points], [float(value) for _, value in points]
+
+
+def latest_value(rows: list[dict[str, Any]], key: str, default: Any = None) -> Any:
+    """The newest value of `key` in `rows` (`default` when no row has it)."""
+    return next((row[key] for row in reversed(rows) if key in row), default)
+
+
+def final_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary row a finished run writes last (with `eval_start` and `eval_end`); empty while running."""
+    return next((row for row in reversed(rows) if row.get("final")), {})
+
+
+def agent_order(agent: str) -> tuple[int, int, str]:
+    """Sort key: checkpoints (`ckpt-<k>`) newest first, then fixed opponents by name."""
+    match = re.fullmatch(r"ckpt-(-?\d+)", agent)
+    return (0, -int(match.group(1)), agent) if match else (1, 0, agent)
+
+
+def busiest_agents(matrix: dict[str, dict[str, dict[str, Any]]], limit: int) -> list[str]:
+    """The `limit` agents with the most games in a `pool/match_matrix`, in `agent_order`."""
+    games: dict[str, int] = {}
+    for agent, opponents in matrix.items():
+        for opponent, cell in opponents.items():
+            games[agent] = games.get(agent, 0) + cell["games"]
+            games[opponent] = games.get(opponent, 0) + cell["games"]
+    busiest = sorted(games, key=lambda agent: -games[agent])[:limit]
+    return sorted(busiest, key=agent_order)

@@ -1,0 +1,85 @@
+"""`unstable report`: the plotted numbers are the run's JSONL values, and every PNG and report.md is written."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from unstable.report import data, write_report
+from unstable.tracking import keys
+from unstable.tracking.history import read_rows
+
+RECORDED_RUN = Path(__file__).parent / "fixtures" / "recorded_run"
+
+
+def _jsonl_rows():
+    return [json.loads(line) for line in (RECORDED_RUN / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_plot_data_are_the_jsonl_values():
+    raw = _jsonl_rows()
+    learner = [row for row in raw if keys.STEP in row]
+    rows = read_rows(RECORDED_RUN)
+
+    curve = data.eval_curve(rows)
+    with_eval = [row for row in learner if row[keys.EVAL_GAMES]]
+    assert curve["steps"] == [row[keys.STEP] for row in with_eval] and curve["steps"][0] == 0
+    assert curve["win_rate"] == [row[keys.EVAL_WIN_RATE] for row in with_eval]
+    assert curve["low"] == [row[keys.EVAL_WIN_LOW] for row in with_eval]
+    assert curve["high"] == [row[keys.EVAL_WIN_HIGH] for row in with_eval]
+
+    ratings = data.rating_history(rows)
+    assert ratings["latest"]["mu"] == [row[keys.POOL_LATEST_MU] for row in learner]
+    minimax = [next(e for e in row[keys.POOL_LADDER] if e["agent"] == "tictactoe-minimax") for row in learner]
+    assert ratings["tictactoe-minimax"]["sigma"] == [entry["sigma"] for entry in minimax]
+    assert not any(name.startswith("ckpt-1") for name in ratings)  # past checkpoints are not drawn
+
+    matrix = data.match_matrix(rows)
+    table = raw[-1][keys.POOL_MATCH_MATRIX]
+    i, j = matrix["agents"].index("tictactoe-minimax"), matrix["agents"].index("ckpt--1")
+    assert matrix["win_rate"][i][j] == table["tictactoe-minimax"]["ckpt--1"]["win_rate"]
+    assert matrix["games"][i][j] == table["tictactoe-minimax"]["ckpt--1"]["games"]
+    assert matrix["win_rate"][j][j] is None
+
+    lines = data.metric_lines(rows, data.LOSS_KEYS + data.THROUGHPUT_KEYS)
+    assert set(lines) == {keys.LOSS, keys.PG_LOSS, *data.THROUGHPUT_KEYS}  # only what the run reported
+    assert lines[keys.LOSS][1] == [row[keys.LOSS] for row in learner if keys.LOSS in row]
+    assert lines[keys.GAMES_PER_S][1] == [row[keys.GAMES_PER_S] for row in learner]
+
+
+def test_the_report_writes_every_plot_and_a_summary(tmp_path):
+    path = write_report(RECORDED_RUN, tmp_path / "report")
+    pngs = sorted(p.name for p in (tmp_path / "report").glob("*.png"))
+    assert pngs == ["eval_win_rate.png", "losses.png", "match_heatmap.png", "ratings.png", "throughput.png"]
+    for name in pngs:
+        assert (tmp_path / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (tmp_path / "report" / name).stat().st_size > 10_000
+    markdown = path.read_text()
+    final = _jsonl_rows()[-1]
+    start, end = final["eval_start"], final["eval_end"]
+    assert f"| start | {start['games']} | {start['win_rate']:.2f} | [{start['win_ci'][0]:.2f}" in markdown
+    assert f"| end | {end['games']} | {end['win_rate']:.2f} |" in markdown
+    assert "- learner steps: 20" in markdown and "![match_heatmap](match_heatmap.png)" in markdown
+
+
+def test_unstable_report_command(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "unstable.cli.main", "report", str(RECORDED_RUN), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "report.md").is_file()
+    missing = subprocess.run(
+        [sys.executable, "-m", "unstable.cli.main", "report", str(tmp_path / "nothing")], capture_output=True, text=True
+    )
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_a_run_without_learner_rows_has_nothing_to_report(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({keys.TIME: 1.0}) + "\n")
+    with pytest.raises(ValueError, match="no learner rows"):
+        write_report(tmp_path)
