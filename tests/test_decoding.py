@@ -98,3 +98,29 @@ def test_top_p_sampling_never_picks_outside_the_nucleus():
     tokens, logprobs = sample_tokens(logits, SamplingConfig(temperature=1.0, top_p=0.7))
     assert set(tokens.tolist()) == {0, 1}  # 0.5 + 0.3 reaches 0.7; 0.15 and 0.05 are cut
     assert logprobs[tokens == 1][0].item() == pytest.approx(torch.log(torch.tensor(0.3)).item(), abs=1e-5)
+
+
+def test_prefix_cache_serves_shared_prompt_blocks_with_exact_logprobs(tiny_model_dir, adapter):
+    """Turns of one game share the rules' blocks: the second request prefills only what follows its cached
+    prefix, per adapter, and its log-probs still equal a full forward pass; without the cache, greedy tokens
+    are the same."""
+    from unstable.inference.prefix_cache import BLOCK
+
+    sampling = SamplingConfig(max_new_tokens=6, temperature=0.0)
+    cached = TransformersBackend(tiny_model_dir, sampling, prefix_cache_tokens=4096)
+    plain = TransformersBackend(tiny_model_dir, sampling, prefix_cache_tokens=0)
+    for backend in (cached, plain):
+        backend.load_adapter(adapter)
+    turns = [LONG, LONG.replace("'[5]'", "'[6]'"), SHORT]
+    requests = [GenerationRequest(p, c) for p in turns for c in (None, adapter)]
+    first = cached.generate(requests[:2])
+    assert cached.prefix_cache.hit_tokens == 0 and cached.prefix_cache.blocks
+    later = cached.generate(requests[2:])  # the second turn shares every block before the changed move
+    assert cached.prefix_cache.hit_tokens >= 2 * BLOCK
+    assert {key[0] for key in cached.prefix_cache.blocks} == {None, adapter.uid}  # blocks are per adapter
+    reference = plain.generate(requests)
+    for result, expected in zip(first + later, reference):
+        assert result.completion_token_ids == expected.completion_token_ids
+        assert result.logprobs == pytest.approx(expected.logprobs, abs=1e-4)
+    cached.unload_adapter(adapter.uid)
+    assert {key[0] for key in cached.prefix_cache.blocks} == {None}

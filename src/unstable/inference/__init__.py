@@ -31,7 +31,13 @@ def make_backend(model_path: str, cfg: InferenceConfig, *, dtype: str = "float32
 
             torch.cuda.set_per_process_memory_fraction(cfg.gpu_memory_utilization)  # a shared GPU keeps room
         return TransformersBackend(
-            model_path, cfg.sampling, dtype=dtype, device=cfg.device, max_model_len=cfg.max_model_len, seed=seed
+            model_path,
+            cfg.sampling,
+            dtype=dtype,
+            device=cfg.device,
+            max_model_len=cfg.max_model_len,
+            prefix_cache_tokens=cfg.prefix_cache_tokens,
+            seed=seed,
         )
     from unstable.inference.vllm_backend import VLLMBackend
 

@@ -19,6 +19,9 @@ class InferenceConfig(Settings):
     batch_wait_ms: float = Field(5.0, ge=0.0, description="how long a batch waits for more requests")
     max_loras: int = Field(4, ge=1, description="LoRA adapters resident at once")
     max_model_len: int = Field(4096, ge=16)
+    prefix_cache_tokens: int = Field(
+        8192, ge=0, description="prompt-prefix KV cache of the transformers engine, in tokens (0: off)"
+    )
     num_threads: int | None = Field(1, ge=1, description="torch threads of the inference process")
     num_gpus: float = Field(0.0, ge=0.0, description="GPUs of each inference actor; > 0 serves on cuda")
     gpu_memory_utilization: float = Field(

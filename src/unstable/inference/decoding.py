@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from unstable.inference.base import SamplingConfig
+from unstable.inference.prefix_cache import BLOCK, BlockKV, PrefixCache
 
 
 @dataclass
@@ -63,8 +64,18 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 class DecodeBatch:
     """The running batch of a continuously batching engine (see the module docstring)."""
 
-    def __init__(self, model, sampling: SamplingConfig, *, eos_token_id: int, pad_token_id: int, device: str):
+    def __init__(
+        self,
+        model,
+        sampling: SamplingConfig,
+        *,
+        eos_token_id: int,
+        pad_token_id: int,
+        device: str,
+        prefix_cache: PrefixCache | None = None,
+    ):
         self.model = model
+        self.prefix_cache = prefix_cache
         self.sampling = sampling
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
@@ -84,20 +95,50 @@ class DecodeBatch:
 
     @torch.no_grad()
     def add(self, rows: list[Row]) -> list[Row]:
-        """Prefill `rows` (one padded forward pass), sample each one's first token and join the batch; returns
-        the rows already finished by that token."""
+        """Prefill `rows` (one padded forward pass over what the prefix cache does not hold), sample each one's
+        first token and join the batch; returns the rows already finished by that token."""
         if not rows:
             return []
-        width = max(len(row.prompt) for row in rows)
-        ids = torch.tensor([[self.pad_token_id] * (width - len(r.prompt)) + r.prompt for r in rows], device=self.device)
-        mask = torch.tensor([[0] * (width - len(r.prompt)) + [1] * len(r.prompt) for r in rows], device=self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (N, P)
+        cached = [self.prefix_cache.lookup(r.prompt, r.adapter) if self.prefix_cache else [] for r in rows]
+        skip = [BLOCK * len(blocks) for blocks in cached]  # prompt tokens each row takes from the cache
+        fresh = [r.prompt[n:] for r, n in zip(rows, skip)]
+        past_width, width = max(skip), max(len(f) for f in fresh)
+        # each row: [pad, cached prefix | pad, fresh tokens]; the mask hides the pads, positions stay the prompt's
+        ids = torch.tensor([[self.pad_token_id] * (width - len(f)) + f for f in fresh], device=self.device)
+        mask = torch.tensor(
+            [[0] * (past_width - n) + [1] * n + [0] * (width - len(f)) + [1] * len(f) for n, f in zip(skip, fresh)],
+            device=self.device,
+        )  # (N, P + W)
+        positions = torch.tensor(
+            [[0] * (width - len(f)) + list(range(n, n + len(f))) for n, f in zip(skip, fresh)], device=self.device
+        )  # (N, W)
+        cache = self._prefix_kv(cached, past_width)
+        logits = self._forward(ids, mask, positions, cache, [r.adapter for r in rows])  # (N, V)
+        if self.prefix_cache is not None:
+            self._store_prefixes(rows, skip, fresh, cache, past_width + width)
+        self._merge(rows, cache, mask, positions[:, -1] + 1)
+        return self._record(logits, first_new_row=len(self.rows) - len(rows))
+
+    def _prefix_kv(self, cached: list[list[BlockKV]], past_width: int):
+        """A cache holding each row's cached prefix, left-padded to `past_width` (empty without hits)."""
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
-        logits = self._forward(ids, mask, positions, cache, [r.adapter for r in rows])  # (N, V)
-        self._merge(rows, cache, mask, positions[:, -1] + 1)
-        return self._record(logits, first_new_row=len(self.rows) - len(rows))
+        if past_width == 0:
+            return cache
+        some_block = next(blocks for blocks in cached if blocks)[0]
+        for layer, (ref_k, ref_v) in enumerate(some_block):
+            keys = [_row_prefix(blocks, layer, 0, ref_k, past_width) for blocks in cached]  # (heads, P, head_dim)
+            values = [_row_prefix(blocks, layer, 1, ref_v, past_width) for blocks in cached]
+            cache.update(torch.stack(keys), torch.stack(values), layer)  # (N, heads, P, head_dim)
+        return cache
+
+    def _store_prefixes(self, rows: list[Row], skip: list[int], fresh: list[list[int]], cache, length: int) -> None:
+        """Hand each row's newly computed prompt blocks to the prefix cache."""
+        for i, (row, n, tokens) in enumerate(zip(rows, skip, fresh)):
+            start = length - len(tokens)  # the row's first fresh token in the cache's columns
+            kv = [(layer.keys[i, :, start:], layer.values[i, :, start:]) for layer in cache.layers]
+            self.prefix_cache.store(row.prompt, row.adapter, n // BLOCK, kv)
 
     @torch.no_grad()
     def step(self) -> list[Row]:
@@ -173,6 +214,13 @@ class DecodeBatch:
         self.mask = torch.cat([_pad_left(self.mask, width, 1), _pad_left(mask, width, 1)])  # (B + N, width)
         self.positions = torch.cat([self.positions, positions])
         self.rows += rows
+
+
+def _row_prefix(blocks: list[BlockKV], layer: int, which: int, like: torch.Tensor, width: int) -> torch.Tensor:
+    """One row's cached keys (`which` 0) or values (1) of `layer`, `(heads, width, head_dim)`, left-padded."""
+    parts = [block[layer][which] for block in blocks]
+    prefix = torch.cat(parts, 1) if parts else like.new_zeros(like.shape[0], 0, like.shape[2])
+    return _pad_left(prefix, width, 1)
 
 
 def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:

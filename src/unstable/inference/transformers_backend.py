@@ -17,6 +17,7 @@ from unstable.inference.base import (
     prompt_too_long,
 )
 from unstable.inference.decoding import DecodeBatch, Row, supports_continuous_batching
+from unstable.inference.prefix_cache import PrefixCache
 from unstable.records import Checkpoint
 
 
@@ -34,6 +35,7 @@ class TransformersBackend(InferenceBackend):
         dtype: str = "float32",
         device: str = "cpu",
         max_model_len: int = 4096,
+        prefix_cache_tokens: int = 8192,
         seed: int = 0,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -53,6 +55,7 @@ class TransformersBackend(InferenceBackend):
                 "which the transformers backend's continuous batching cannot merge; use inference.backend: vllm"
             )
         self.adapters: set[str] = set()
+        self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
         self._running = self._new_batch()
 
     def load_adapter(self, checkpoint: Checkpoint) -> None:
@@ -76,6 +79,8 @@ class TransformersBackend(InferenceBackend):
                 warnings.filterwarnings("ignore", message="Adapter .* was active which is now deleted")
                 self.model.delete_adapter(uid)
             self.adapters.discard(uid)
+            if self.prefix_cache is not None:
+                self.prefix_cache.drop_adapter(uid)
 
     def load_weights(self, path: str) -> None:
         """Load full fine-tuned weights (a `save_pretrained` directory) into the base model in place."""
@@ -85,6 +90,8 @@ class TransformersBackend(InferenceBackend):
             raise RuntimeError("full-weight sync while LoRA adapters are loaded is not supported")
         new_state = AutoModelForCausalLM.from_pretrained(path, dtype=self.model.dtype).state_dict()
         self.model.load_state_dict(new_state)
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Complete a batch of requests (a private running batch: rows join at once and leave as they finish)."""
@@ -122,6 +129,7 @@ class TransformersBackend(InferenceBackend):
             eos_token_id=self.tokenizer.eos_token_id,
             pad_token_id=self.tokenizer.pad_token_id,
             device=self.device,
+            prefix_cache=self.prefix_cache,
         )
 
     def _admit(
