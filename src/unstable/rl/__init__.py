@@ -1,6 +1,6 @@
 """The RL math shared by the learner's algorithms: V-trace, AWR weights, KL control and normalisation."""
 
-from unstable.rl.awr import awr_weights, weighted_nll_loss
+from unstable.rl.awr import awr_weights, normalized_awr_weights, weighted_nll_loss
 from unstable.rl.kl import KLController, approx_kl
 from unstable.rl.normalize import RunningMeanStd, masked_mean, masked_whiten
 from unstable.rl.vtrace import VTraceReturns, discounted_returns, vtrace
@@ -14,6 +14,7 @@ __all__ = [
     "discounted_returns",
     "masked_mean",
     "masked_whiten",
+    "normalized_awr_weights",
     "vtrace",
     "weighted_nll_loss",
 ]
