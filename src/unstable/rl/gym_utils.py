@@ -239,6 +239,8 @@ def train_gym(cfg: GymConfig) -> dict[str, float]:
     trainer = TorchTrainer(cfg, agent)
     trainer.attempt_resume()
     collector = GymCollector(envs, seed=cfg.seed + 1000 * trainer.train_steps)
+    if trainer.train_steps == 0:  # the untrained agent's score, as a baseline
+        trainer.add_eval_stats(evaluate(cfg.env_id, agent, cfg.eval_episodes, seed=10_000 + cfg.seed))
     while trainer.total_env_steps < cfg.total_env_steps:
         for episode in collector.collect(agent, cfg.steps_per_collect):
             trainer.add_episode(episode, episode.rewards * cfg.reward_scale, episode.action_lls, episode.terminated)

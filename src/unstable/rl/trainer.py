@@ -327,26 +327,30 @@ class TorchTrainer:
         """Call `fn` on consecutive packs of whole episodes of at most `minibatch_size` time-steps.
 
         A pack that runs out of memory halves `minibatch_size` and is re-packed (a single episode that does not
-        fit re-raises). When `synced`, every process makes as many calls as the busiest one (repeating its
-        first packs), so collective gradient averaging never waits forever.
+        fit re-raises). When `synced` across several processes, every process makes as many calls as the
+        busiest one (cycling through its packs), so the collective gradient averaging stays in step; there an
+        out-of-memory error is raised, since the other processes could not follow a re-packing.
         """
-        pending, calls = list(rows), 0
+        if synced and self.cluster.num_processes > 1:
+            packs = []
+            while len(rows) > sum(map(len, packs)):
+                packs.append(self._take_pack(rows[sum(map(len, packs)) :]))
+            for i in range(self.cluster.max_int(len(packs))):
+                fn(packs[i % len(packs)])
+            return
+        pending = list(rows)
         while pending:
             pack = self._take_pack(pending)
             try:
                 fn(pack)
             except torch.OutOfMemoryError:
-                if len(pack) == 1 or self.cluster.num_processes > 1:
+                if len(pack) == 1:
                     raise
                 self.agent_optimizer.zero_grad()
                 self.minibatch_size = max(1, self.minibatch_size // 2)
                 self.oom_count += 1
                 continue
             pending = pending[len(pack) :]
-            calls += 1
-        if synced:
-            for _ in range(self.cluster.max_int(calls) - calls):
-                fn(self._take_pack(rows))
 
     def _take_pack(self, rows: list[int]) -> list[int]:
         """The longest prefix of `rows` within `minibatch_size` time-steps (at least one episode)."""
