@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 gym = pytest.importorskip("gymnasium")
 
+from unstable.rl import cli  # noqa: E402
 from unstable.rl.gym_utils import (  # noqa: E402
     EVAL_MEAN_RETURN,
     GymCollector,
@@ -59,9 +64,11 @@ def test_one_train_step_on_each_kind_of_action(env_id, tmp_path):
     trainer = TorchTrainer(GymConfig(log_dir=str(tmp_path), vf_hidden_sizes=[16], policy_epochs=2), agent)
     for ep in GymCollector(envs, seed=0).collect(agent, 32):
         trainer.add_episode(ep, ep.rewards, ep.action_lls, ep.terminated)
+    vf_before = [p.detach().clone() for p in trainer.vf.parameters()]
     stats = trainer.train_step()
     assert trainer.total_env_steps == 64
     assert stats[KL] > 0
+    assert all(not torch.equal(a, b) for a, b in zip(vf_before, trainer.vf.parameters()))
 
 
 def test_train_gym_runs_evaluates_and_resumes(tmp_path):
@@ -75,3 +82,15 @@ def test_train_gym_runs_evaluates_and_resumes(tmp_path):
     stats_again = train_gym(cfg.replace(total_env_steps=192))
     assert len(list((cfg.run_dir / "checkpoints").glob("*.pt"))) == 6
     assert stats_again[EVAL_MEAN_RETURN] > 0
+
+
+def test_cartpole_example_trains_through_the_launcher(tmp_path, monkeypatch):
+    path = Path(__file__).resolve().parents[1] / "examples" / "gym_cartpole.py"
+    spec = importlib.util.spec_from_file_location("gym_cartpole", path)
+    example = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gym_cartpole", example)  # dataclasses look their module up there
+    spec.loader.exec_module(example)
+    argv = ["train", f"--log_dir={tmp_path}", "--total_env_steps=64", "--num_envs=2", "--steps_per_collect=16"]
+    argv += ["--eval_interval=1", "--eval_episodes=1", "--hidden_sizes=[8]", "--vf_hidden_sizes=[8]"]
+    stats = cli.run(example.train, example.CartPoleConfig, argv)
+    assert stats[EVAL_MEAN_RETURN] > 0
