@@ -63,7 +63,7 @@ def test_bad_value_on_the_command_line_names_the_field(tmp_path, capsys):
 
 
 def test_tune_runs_three_trials_of_two_seeds_and_writes_the_best_config(tmp_path):
-    argv = ["tune", "--n-trials", "3", "--seeds", "2", f"--log_dir={tmp_path}", "--run_name=study"]
+    argv = ["tune", "--n-trials", "3", "--seeds", "2", "--seed=5", f"--log_dir={tmp_path}", "--run_name=study"]
     argv += ["--vf_hidden_sizes=[4]", "--vf_pre_epochs=1", "--policy_epochs=1"]
     best = cli.run(train_bandit, BanditConfig, argv)
     run_dir = tmp_path / "study"
@@ -75,7 +75,7 @@ def test_tune_runs_three_trials_of_two_seeds_and_writes_the_best_config(tmp_path
     assert "vf_pre_epochs" not in params and "policy_epochs" not in params  # fixed on the command line
     assert sorted(p.name for p in (run_dir / "trial_0").iterdir()) == ["seed_0", "seed_1"]
     assert BanditConfig.from_yaml(run_dir / cli.BEST_CONFIG_FILE) == best
-    assert best.vf_pre_epochs == 1
+    assert (best.vf_pre_epochs, best.seed) == (1, 5)
 
 
 def test_tune_scores_are_the_mean_over_seeds(tmp_path):

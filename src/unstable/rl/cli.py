@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,8 +37,9 @@ def run(train_fn: TrainFn, config_type: type[C], argv: Sequence[str] | None = No
     """Parse the command line and `train` or `tune`; returns the train result or the best config."""
     parser = argparse.ArgumentParser(description="Train, or tune the hyper-parameters of, an agent.")
     commands = parser.add_subparsers(dest="command", required=True)
-    train_parser = commands.add_parser("train", help="train once; extra --field=value set config fields")
-    tune_parser = commands.add_parser("tune", help="optuna search over the fields that declare a space")
+    # no abbreviations: `--seed=3` must set the config's seed, not tune's `--seeds`
+    train_parser = commands.add_parser("train", help="train once; --field=value sets a field", allow_abbrev=False)
+    tune_parser = commands.add_parser("tune", help="optuna search over fields with a space", allow_abbrev=False)
     for sub in (train_parser, tune_parser):
         sub.add_argument("--config", type=Path, help="YAML file of config fields")
     tune_parser.add_argument("--n-trials", type=int, default=20, help="trials to run (default 20)")
@@ -60,7 +61,7 @@ def train(train_fn: TrainFn, cfg: C) -> Mapping[str, float] | float:
     return train_fn(cfg)
 
 
-def tune(train_fn: TrainFn, base: C, n_trials: int, seeds: int, fixed: set[str] = frozenset()) -> C:
+def tune(train_fn: TrainFn, base: C, n_trials: int, seeds: int, fixed: Collection[str] = ()) -> C:
     """Run `n_trials` optuna trials of `seeds` trainings each; write and return the best config."""
     import optuna
 
@@ -90,7 +91,7 @@ def tune(train_fn: TrainFn, base: C, n_trials: int, seeds: int, fixed: set[str] 
     return best
 
 
-def suggest(trial: Any, config_type: type[TrainerConfig], fixed: set[str]) -> dict[str, Any]:
+def suggest(trial: Any, config_type: type[TrainerConfig], fixed: Collection[str]) -> dict[str, Any]:
     """A value from each tunable field's search space, for the fields not in `fixed`."""
     values = {}
     for f in dataclasses.fields(config_type):
@@ -119,7 +120,9 @@ def _config_values(path: Path | None, overrides: Sequence[str], config_type: typ
     """The fields set by the YAML file at `path` and then by `--field=value` (or `--field value`) overrides."""
     import yaml
 
-    values = yaml.safe_load(path.read_text()) or {} if path else {}
+    values = {}
+    if path is not None:
+        values = yaml.safe_load(path.read_text()) or {}
     if not isinstance(values, dict):
         raise ValueError(f"{path} must hold a mapping of config fields")
     return values | parse_overrides(overrides, config_type)
