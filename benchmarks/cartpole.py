@@ -3,13 +3,14 @@ evaluation episodes reaches 475 (evaluated every 5 train steps of 1024 env steps
 wall time, evaluation steps do not count as env steps). Run on demand (never from tests):
 
     PYTHONPATH=src .venv/bin/python benchmarks/cartpole.py --seeds 3
+    PYTHONPATH=src .venv/bin/python benchmarks/cartpole.py --seeds 3 --replay-collections 4   # off-policy
 
-Writes benchmarks/results/cartpole.json and prints a table.
+Writes benchmarks/results/cartpole.json (cartpole-replay4.json) and prints a table.
 """
 
 from __future__ import annotations
 
-from gym_benchmark import parse_args, run_benchmark
+from gym_benchmark import make_parser, run_benchmark
 
 from unstable.rl.gym_utils import GymConfig
 
@@ -30,8 +31,15 @@ CONFIG = GymConfig(
 
 
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0], default_seeds=3)
-    result = run_benchmark("cartpole", CONFIG, args.seeds, args.out, {"target_return": TARGET})
+    parser = make_parser(__doc__.splitlines()[0], default_seeds=3)
+    parser.add_argument(
+        "--replay-collections", type=int, default=1, help="collections kept in the replay buffer (>1: off-policy)"
+    )
+    args = parser.parse_args()
+    cfg = CONFIG.replace(replay_buffer_steps=args.replay_collections * CONFIG.replay_buffer_steps)
+    name = "cartpole" if args.replay_collections == 1 else f"cartpole-replay{args.replay_collections}"
+    summary = {"target_return": TARGET, "replay_collections": args.replay_collections}
+    result = run_benchmark(name, cfg, args.seeds, args.out, summary)
     solved = [run for run in result["runs"] if run["curve"][-1][1] >= TARGET]
     print(f"{len(solved)}/{len(result['runs'])} seeds reached {TARGET}")
 

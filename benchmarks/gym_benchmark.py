@@ -21,12 +21,12 @@ from unstable.rl.trainer import ENV_STEPS, EVAL_STATS_FILE
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
-def parse_args(description: str, default_seeds: int) -> argparse.Namespace:
+def make_parser(description: str, default_seeds: int) -> argparse.ArgumentParser:
     """`--seeds N` and `--out FILE` (defaults: `default_seeds`, benchmarks/results/<script>.json)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--seeds", type=int, default=default_seeds, help="independent runs (seeds 0..N-1)")
     parser.add_argument("--out", type=Path, help="JSON file to write")
-    return parser.parse_args()
+    return parser
 
 
 def run_seed(cfg: GymConfig) -> dict[str, Any]:

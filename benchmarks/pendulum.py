@@ -10,7 +10,7 @@ Writes benchmarks/results/pendulum.json and prints a table.
 
 from __future__ import annotations
 
-from gym_benchmark import parse_args, run_benchmark
+from gym_benchmark import make_parser, run_benchmark
 
 from unstable.rl.gym_utils import GymConfig
 
@@ -32,7 +32,7 @@ CONFIG = GymConfig(
 
 
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0], default_seeds=3)
+    args = make_parser(__doc__.splitlines()[0], default_seeds=3).parse_args()
     run_benchmark("pendulum", CONFIG, args.seeds, args.out, {})
 
 

@@ -13,6 +13,7 @@ from unstable.rl.config import TrainerConfig
 from unstable.rl.normalize import RunningMeanStd
 from unstable.rl.trainer import (
     BEST_CHECKPOINT,
+    EXTRA_LOSS,
     KL,
     MINIBATCH_SIZE,
     OOM_COUNT,
@@ -143,6 +144,20 @@ def test_agent_output_with_wrong_shapes_fails_clearly(tmp_path):
     trainer.add_episode([0, 1], torch.zeros(2), torch.zeros(2))
     with pytest.raises(ValueError, match="state_encodings must be"):
         trainer.train_step()
+
+
+def test_extra_loss_is_added_with_its_coefficient(tmp_path):
+    class WithExtraLoss(BanditAgent):
+        def forward(self, episodes):
+            outputs = super().forward(episodes)
+            for out in outputs:
+                out.extra_loss = self.logits.square().sum() + 1.0
+            return outputs
+
+    agent = WithExtraLoss()
+    trainer = TorchTrainer(config(tmp_path, extra_loss_coef=0.5, policy_epochs=1), agent)
+    play(trainer, agent, 4)
+    assert trainer.train_step()[EXTRA_LOSS] == pytest.approx(0.5, abs=1e-3)
 
 
 def test_train_step_needs_episodes(tmp_path):

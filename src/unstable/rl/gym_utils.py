@@ -23,7 +23,6 @@ EVAL_MEAN_RETURN = "eval/mean_return"
 EVAL_STD_RETURN = "eval/std_return"
 EVAL_EPISODES = "eval/episodes"
 EVAL_ENV_STEPS = "eval/env_steps"
-TRAIN_MEAN_RETURN = "collect/mean_return"
 
 
 @dataclass
