@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -239,6 +243,21 @@ def test_accelerate_single_process(tmp_path):
     assert trainer.cluster.num_processes == 1
     play(trainer, agent, 16)
     assert math.isfinite(trainer.train_step()[KL])
+
+
+@pytest.mark.slow
+def test_two_processes_keep_identical_weights(tmp_path):
+    """Two torchrun processes with different amounts of data: gradients are averaged and no collective waits
+    forever, so both end with the same weights."""
+    pytest.importorskip("accelerate")
+    worker = Path(__file__).with_name("rl_two_process_worker.py")
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
+    command = [str(torchrun), "--standalone", "--nproc_per_node", "2", str(worker), str(tmp_path)]
+    subprocess.run(command, env=env, check=True, timeout=240, capture_output=True)
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    assert rank0["num_processes"] == rank1["num_processes"] == 2
+    _assert_same(rank0, rank1)
 
 
 # ---- TrainerConfig --------------------------------------------------------------------------------------
