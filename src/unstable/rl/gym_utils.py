@@ -77,7 +77,7 @@ class GymAgent(Agent):
         outputs, start = [], 0
         for n in lengths:
             steps = slice(start, start + n)
-            step_dist = _slice_dist(dist, steps) if self.discrete else _slice_gaussian(dist, steps)
+            step_dist = _slice_categorical(dist, steps) if self.discrete else _slice_gaussian(dist, steps)
             outputs.append(AgentOutput(encodings[start : start + n + 1], lls[steps], step_dist))
             start += n + 1
         return outputs
@@ -99,7 +99,7 @@ def _pad_last(actions: Tensor) -> Tensor:
     return torch.cat([actions, actions[:1]])
 
 
-def _slice_dist(dist: torch.distributions.Categorical, steps: slice) -> torch.distributions.Categorical:
+def _slice_categorical(dist: torch.distributions.Categorical, steps: slice) -> torch.distributions.Categorical:
     return torch.distributions.Categorical(logits=dist.logits[steps])
 
 
