@@ -19,3 +19,14 @@ def tiny_model_dir(tmp_path_factory) -> str:
     from unstable.models.tiny import ensure_tiny_model
 
     return str(ensure_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen3"))
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Run a test of tiny networks on one torch thread (many threads only contend on a shared CPU)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -43,7 +43,15 @@ from unstable.algorithms.base import BaseAlgo, normalized_sum, restore_rng
 from unstable.algorithms.value import attach_value_head
 from unstable.batching import TokenBatch
 from unstable.records import Step
-from unstable.rl import KLController, RunningMeanStd, VTraceReturns, approx_kl, awr_weights, vtrace, weighted_nll_loss
+from unstable.rl import (
+    KLController,
+    RunningMeanStd,
+    VTraceReturns,
+    approx_kl,
+    normalized_awr_weights,
+    vtrace,
+    weighted_nll_loss,
+)
 from unstable.tracking import keys
 from unstable.trainable import TrainablePolicy
 
@@ -143,11 +151,9 @@ class VTraceAWR(BaseAlgo):
         """V-trace outputs for the whole batch and the AWR weights of its (normalised) advantages, `(N,)`."""
         rows = torch.arange(len(cache.rewards))  # (N,)
         returns = cache.vtrace(rows, self.value_head(cache.encodings).cpu(), self.rho_bar)
-        advantages = returns.advantages[:, 0]  # (N,)
-        if self.normalize_advantages:
-            self.advantage_stats.update(advantages)
-            advantages = self.advantage_stats.normalize(advantages)
-        return returns, awr_weights(advantages, self.temperature, self.weight_clip)
+        stats = self.advantage_stats if self.normalize_advantages else None
+        weights = normalized_awr_weights(returns.advantages[:, 0], self.temperature, self.weight_clip, stats)  # (N,)
+        return returns, weights
 
     def _policy_epochs(
         self, steps: list[Step], cache: _Cache, targets: torch.Tensor, weights: torch.Tensor, policy: TrainablePolicy

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from unstable.rl.normalize import _valid, masked_mean
+from unstable.rl.normalize import RunningMeanStd, _valid, masked_mean
 
 
 @torch.no_grad()
@@ -25,6 +25,17 @@ def awr_weights(advantages: Tensor, temperature: float, clip: float = 8.0, mask:
     if total == 0:
         return weights
     return weights * (valid.sum() / total)
+
+
+@torch.no_grad()
+def normalized_awr_weights(
+    advantages: Tensor, temperature: float, clip: float, stats: RunningMeanStd | None, mask: Tensor | None = None
+) -> Tensor:
+    """`awr_weights` of the advantages normalised by the running `stats` (first updated with them); raw if None."""
+    if stats is not None:
+        stats.update(advantages, mask)
+        advantages = stats.normalize(advantages)
+    return awr_weights(advantages, temperature, clip, mask)
 
 
 def weighted_nll_loss(logp: Tensor, weights: Tensor, mask: Tensor | None = None) -> Tensor:
