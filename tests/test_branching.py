@@ -4,11 +4,11 @@ import copy
 import logging
 import random
 
-from unstable.agents.base import Agent
 from unstable.agents.scripted import RandomAgent
 from unstable.buffer import StepBuffer
 from unstable.collector import Collector
 from unstable.collector.config import CollectorConfig
+from unstable.games.agent import Agent
 from unstable.games.branching import play_branched_episode, random_branch_turn
 from unstable.games.episode import start_env
 from unstable.games.moves import legal_moves

@@ -4,9 +4,9 @@ import logging
 
 import pytest
 
-from unstable.agents.base import Agent
 from unstable.agents.scripted import RandomAgent, make_scripted_agent
 from unstable.games import extract_action, get_template, play_episode, validate_env_id
+from unstable.games.agent import Agent
 from unstable.games.registry import make_env
 from unstable.records import Decision, EnvSpec
 

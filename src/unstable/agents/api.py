@@ -16,8 +16,8 @@ import urllib.request
 
 from pydantic import Field
 
-from unstable.agents.base import Agent
 from unstable.games.actions import extract_action
+from unstable.games.agent import Agent
 from unstable.records import Decision
 from unstable.settings import Settings
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from unstable.agents.base import Agent
 from unstable.games.actions import extract_action
+from unstable.games.agent import Agent
 from unstable.games.templates import PromptTemplate
 from unstable.records import Checkpoint, Decision, GenerationRequest, GenerationResult
 

@@ -15,7 +15,7 @@ import random
 import re
 from fractions import Fraction
 
-from unstable.agents.base import Agent
+from unstable.games.agent import Agent
 from unstable.games.kuhn import INFOSETS, nash_strategy
 from unstable.games.moves import legal_moves, nim_piles
 from unstable.records import Decision

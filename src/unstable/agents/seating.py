@@ -11,9 +11,9 @@ from typing import Annotated, Any
 from pydantic import AfterValidator
 
 from unstable.agents.api import APIAgent, APISettings
-from unstable.agents.base import Agent
 from unstable.agents.policy import GenerationClient, PolicyAgent
 from unstable.agents.scripted import SCRIPTED_AGENTS, make_scripted_agent
+from unstable.games.agent import Agent
 from unstable.games.templates import PromptTemplate
 from unstable.records import Checkpoint, EnvSpec, Opponent
 

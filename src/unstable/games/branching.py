@@ -13,7 +13,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from unstable.agents.base import Agent
+from unstable.games.agent import Agent
 from unstable.games.episode import DEFAULT_MAX_TURNS, GameRecorder, play_turns, start_env
 from unstable.records import EnvSpec, GameRecord, Step
 

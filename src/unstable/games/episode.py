@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from unstable.agents.base import Agent
+from unstable.games.agent import Agent
 from unstable.games.registry import make_env
 from unstable.records import Decision, EnvSpec, GameRecord, Step
 

@@ -1,4 +1,5 @@
-"""The agent interface: anything that can take a seat in a game maps an observation to a Decision."""
+"""The seat interface a game is played through: anything that maps an observation to a Decision (the agents in
+`unstable.agents` implement it)."""
 
 from __future__ import annotations
 
