@@ -47,6 +47,7 @@ class InferenceServer:
         self._waiting: deque[tuple[int, tuple[GenerationRequest, Future]]] = deque()
         self._active: dict[int, tuple[GenerationRequest, Future]] = {}
         self._waiting_since = 0.0  # when the oldest waiting request arrived
+        self._expect_company = True  # whether an idle server should wait for more requests than the first
         self._counters = _Counters()
         self._backend: InferenceBackend | None = None
         self._engine = None  # the backend's continuous batch, or StaticBatches over its `generate`
@@ -134,6 +135,7 @@ class InferenceServer:
             self._fail(dict(admitted), exc)
             return
         self._active.update(admitted)
+        self._expect_company = len(self._active) > 1
         self._finish(finished, rows=0, seconds=time.perf_counter() - start)
 
     def _admission_due(self) -> bool:
@@ -146,14 +148,15 @@ class InferenceServer:
         return not len(self._engine) or len(self._waiting) >= free_rows or waited >= self.batch_wait_s
 
     def _arrivals(self, block: bool) -> list[tuple[int, tuple[GenerationRequest, Future]]]:
-        """What is queued; when idle, wait for a first request and then up to `batch_wait_ms` for company."""
+        """What is queued; when idle, wait for a first request and then up to `batch_wait_ms` for company, unless
+        the last batch held a single row (one game at a time: waiting would only add latency)."""
         arrivals = []
         deadline = None
         while len(arrivals) < self.max_batch_size:
             try:
                 if block and deadline is None:
                     item = self._queue.get()
-                    deadline = time.perf_counter() + self.batch_wait_s
+                    deadline = time.perf_counter() + (self.batch_wait_s if self._expect_company else 0.0)
                 elif block and deadline > time.perf_counter():
                     item = self._queue.get(timeout=deadline - time.perf_counter())
                 else:
