@@ -83,7 +83,7 @@ def run_loop(args, workers: int, steps: int) -> dict:
         arrived.append(time.perf_counter() - start)
 
     with PeakMemory() as memory:
-        train(cfg, on_row=on_row)
+        summary = train(cfg, on_row=on_row)
     first = next(i for i, r in enumerate(rows) if r.get("learner/step") == 1)
     steady = rows[first + 1 :]
     seconds = arrived[-1] - arrived[first]
@@ -98,22 +98,29 @@ def run_loop(args, workers: int, steps: int) -> dict:
             r["learner/update_seconds"] for r in steady if "learner/update_seconds" in r
         ),
         "peak_rss_gb": memory.peak_bytes / 1e9,
+        "last_checkpoint": str(Path(summary.run_dir) / "checkpoints" / f"ckpt-{steps}"),
     }
 
 
-def run_bare(args, batch: int) -> dict:
+def run_bare(args, batch: int, adapter: str | None = None) -> dict:
     """The bare backend, no Ray, no games: back-to-back batches of `batch` real TicTacToe prompts (observations
-    of random-vs-random games rendered with the loop's template, so prompt lengths match the loop's)."""
+    of random-vs-random games rendered with the loop's template, so prompt lengths match the loop's), served by
+    the base model or, with `adapter`, by that LoRA checkpoint (the loop serves its learner's adapters)."""
     from unstable.collector.demonstrations import generate_sft_steps
     from unstable.inference import InferenceConfig, make_backend
     from unstable.models.tiny import ensure_tiny_model
-    from unstable.records import EnvSpec, GenerationRequest
+    from unstable.records import Checkpoint, EnvSpec, GenerationRequest
 
     model = str(ensure_tiny_model(ROOT / ".cache" / "tiny-qwen3"))
     backend = make_backend(model, InferenceConfig(backend=args.backend, max_new_tokens=args.max_new_tokens))
+    checkpoint = Checkpoint("bench-adapter", adapter) if adapter else None
+    if checkpoint:
+        backend.load_adapter(checkpoint)
     spec = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
     steps = generate_sft_steps(spec, ["random", "random"], 4 * batch, backend.tokenizer, seed=0)
-    rounds = [[GenerationRequest(s.prompt) for s in steps[i : i + batch]] for i in range(0, len(steps), batch)]
+    rounds = [
+        [GenerationRequest(s.prompt, checkpoint) for s in steps[i : i + batch]] for i in range(0, len(steps), batch)
+    ]
     rounds = [r for r in rounds if len(r) == batch][: args.bare_rounds + 1]
     backend.generate(rounds[0])  # warm-up
     tokens, start = 0, time.perf_counter()
@@ -121,7 +128,7 @@ def run_bare(args, batch: int) -> dict:
         tokens += sum(len(r.completion_token_ids) for r in backend.generate(requests))
     elapsed = time.perf_counter() - start
     backend.close()
-    return {"batch": batch, "rounds": len(rounds) - 1, "tokens_per_s": tokens / elapsed}
+    return {"batch": batch, "adapter": adapter, "rounds": len(rounds) - 1, "tokens_per_s": tokens / elapsed}
 
 
 def main() -> None:
@@ -145,14 +152,18 @@ def main() -> None:
     args = parser.parse_args()
 
     loop = run_loop(args, args.workers, args.steps)
-    bare = run_bare(args, batch=args.workers)  # the engine alone with as many requests as the loop has games
+    # the engine alone with as many requests as the loop has games: on the base model, and on the run's adapter
+    bare = run_bare(args, batch=args.workers)
+    bare_lora = run_bare(args, batch=args.workers, adapter=loop["last_checkpoint"])
     few, many = (run_loop(args, n, max(args.steps // 2, 3)) for n in args.scaling)
     result = {
         "backend": args.backend,
         "settings": vars(args),
         "loop": loop,
         "bare": bare,
+        "bare_lora": bare_lora,
         "loop_over_bare": loop["tokens_per_s"] / bare["tokens_per_s"],
+        "loop_over_bare_lora": loop["tokens_per_s"] / bare_lora["tokens_per_s"],
         "scaling": {"few": few, "many": many, "games_per_s_ratio": many["games_per_s"] / few["games_per_s"]},
         "cpus": os.cpu_count(),
     }
@@ -166,8 +177,10 @@ def main() -> None:
         ("learner s/step", loop["learner_s_per_step"]),
         ("first learner step s (from call)", loop["first_learner_step_s"]),
         ("peak RSS GB (all procs)", loop["peak_rss_gb"]),
-        (f"bare backend tok/s @ {bare['batch']}", bare["tokens_per_s"]),
-        ("loop / bare", result["loop_over_bare"]),
+        (f"bare engine tok/s @ {bare['batch']}, base", bare["tokens_per_s"]),
+        (f"bare engine tok/s @ {bare['batch']}, LoRA", bare_lora["tokens_per_s"]),
+        ("loop / bare (base)", result["loop_over_bare"]),
+        ("loop / bare (LoRA)", result["loop_over_bare_lora"]),
         (f"games/s @ {args.scaling[0]} in flight", few["games_per_s"]),
         (f"games/s @ {args.scaling[1]} in flight", many["games_per_s"]),
         (f"games/s ratio {args.scaling[1]} / {args.scaling[0]}", result["scaling"]["games_per_s_ratio"]),
