@@ -52,6 +52,7 @@ from unstable.tracking.stats import mean_interval  # noqa: E402
 
 TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
 KUHN = EnvSpec("KuhnPoker-v0-single-train", 2, "qwen3-zs")
+SPECS = {"tictactoe": TICTACTOE, "kuhn": KUHN}
 OPPONENTS = {TICTACTOE: ["random", "tictactoe-minimax"], KUHN: ["random", "kuhn-nash"]}
 # The tiny model's random embeddings are too small for sharp logits; a LoRA on the (tied) output layer fixes that.
 LORA_TARGETS = [*LoraConfig().target_modules, "lm_head"]
@@ -83,6 +84,9 @@ class Settings:
     rl_lr: float = 3e-4
     rl_workers: int = 32
     group_size: int = 4
+    algorithm_args: str = "{}"  # the RL algorithm's keyword arguments as JSON, e.g. '{"ref_kl_coef": 0.1}'
+    games: str = "tictactoe,kuhn"  # which games to run, comma-separated
+    warm_runs_dir: str = ""  # reuse the SFT warm starts saved under this --runs-dir (per seed) when present
     kuhn_sft_games: int = 400
     kuhn_rl_steps: int = 60
     eval_games: int = 200
@@ -94,10 +98,18 @@ class Settings:
             raise ValueError(f"--finetune must be 'full' or 'lora', got {self.finetune!r}")
         if self.train_opponent != "mirror":
             make_scripted_agent(self.train_opponent, seed=0)  # an unknown name fails before any training
+        if not set(self.game_names) <= {"tictactoe", "kuhn"}:
+            raise ValueError(f"--games must name tictactoe and/or kuhn, got {self.games!r}")
+        json.loads(self.algorithm_args)  # malformed JSON fails before any training
         if self.sample_mode:
             PoolConfig(**self.pool)  # an unknown mode or a bad pool size fails before any training
             if self.full:
                 raise ValueError("--sample-mode plays past checkpoints, which needs --finetune lora")
+
+    @property
+    def game_names(self) -> list[str]:
+        """The games of `--games`."""
+        return [name.strip() for name in self.games.split(",") if name.strip()]
 
     @property
     def full(self) -> bool:
@@ -146,6 +158,11 @@ def warm_start(spec: EnvSpec, games: int, model: str, s: Settings) -> dict[str, 
     from transformers import AutoTokenizer
 
     start = time.time()
+    saved = Path(s.warm_runs_dir, f"seed-{s.seed}", f"sft-{spec.env_id}", "checkpoints")
+    reuse = sorted(saved.glob("ckpt-*")) if s.warm_runs_dir else []
+    if reuse:
+        print(f"  sft {spec.env_id}: reusing {reuse[-1]}", flush=True)
+        return {"checkpoint": str(reuse[-1]), "moves": None, "seconds": 0.0, "reused": True}
     steps = generate_sft_steps(spec, ["random", "random"], games, AutoTokenizer.from_pretrained(model), seed=s.seed)
     cfg = LearnerConfig(
         batch_size=s.sft_batch_size,
@@ -201,7 +218,7 @@ def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, 
             "lora": None if s.full else lora_cfg(s),
             "initial_lora_path": adapter,
             "num_threads": max(1, s.threads // 2),
-            "algorithm": {"name": algorithm},
+            "algorithm": {"name": algorithm, "args": json.loads(s.algorithm_args)},
         },
         "evaluation": {"games_at_start": 0, "games_at_end": 0},
     }
@@ -281,6 +298,13 @@ def plot(name: str, per_seed: dict[str, dict[str, Any]], path: Path) -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for seed, result in per_seed.items():
+        if "kuhn" in result:
+            kuhn_curve = result["kuhn"]["curve"]
+            right.plot(
+                [p["step"] for p in kuhn_curve], [p["exploitability"] for p in kuhn_curve], "o-", label=f"seed {seed}"
+            )
+        if "tictactoe" not in result:
+            continue
         curve = result["tictactoe"]["curve"]
         steps = [p["step"] for p in curve]
         rates = [p["win_rate"] for p in curve]
@@ -289,10 +313,6 @@ def plot(name: str, per_seed: dict[str, dict[str, Any]], path: Path) -> None:
             [p["win_ci"][1] - r for r, p in zip(rates, curve)],
         ]
         left.errorbar(steps, rates, yerr=errors, marker="o", capsize=3, label=f"seed {seed}: win rate vs random")
-        kuhn_curve = result["kuhn"]["curve"]
-        right.plot(
-            [p["step"] for p in kuhn_curve], [p["exploitability"] for p in kuhn_curve], "o-", label=f"seed {seed}"
-        )
     left.axhline(0.44, color="grey", linestyle=":", label="random vs random (0.44)")
     left.set(title=f"TicTacToe, {name} (95% CI)", xlabel="learner step", ylim=(0, 1))
     left.legend(fontsize=8)
@@ -316,49 +336,57 @@ def _rate(report: dict[str, Any], opponent: str, key: str = "win") -> str:
 
 def summary(results: dict[str, Any], algorithm: str) -> dict[str, Any]:
     """Across seeds: each seed's TicTacToe win rate vs random before and after RL (with intervals), the mean
-    change with its 95% t-interval, how many seeds separated, and the Kuhn exploitabilities after RL."""
+    change with its 95% t-interval, how many seeds separated, and the Kuhn exploitabilities after RL (each part
+    only for the games that ran)."""
     per_seed, changes = {}, []
     for seed, run in results["seeds"].items():
-        if algorithm not in run["algorithms"]:
-            continue
-        before = run["warm_start"]["tictactoe"]["eval"]["opponents"]["random"]["all_seats"]
-        after = run["algorithms"][algorithm]["tictactoe"]["final"]["opponents"]["random"]["all_seats"]
-        changes.append(after["win_rate"] - before["win_rate"])
-        per_seed[seed] = {
-            "before": before["win_rate"],
-            "before_ci": before["win_ci"],
-            "after": after["win_rate"],
-            "after_ci": after["win_ci"],
-            "separated": after["win_ci"][0] > before["win_ci"][1],
-            "kuhn_after": run["algorithms"][algorithm]["kuhn"]["curve"][-1]["exploitability"],
-        }
+        result = run["algorithms"].get(algorithm, {})
+        row = per_seed.setdefault(seed, {})
+        if "tictactoe" in result:
+            before = run["warm_start"]["tictactoe"]["eval"]["opponents"]["random"]["all_seats"]
+            after = result["tictactoe"]["final"]["opponents"]["random"]["all_seats"]
+            changes.append(after["win_rate"] - before["win_rate"])
+            row |= {
+                "before": before["win_rate"],
+                "before_ci": before["win_ci"],
+                "after": after["win_rate"],
+                "after_ci": after["win_ci"],
+                "separated": after["win_ci"][0] > before["win_ci"][1],
+            }
+        if "kuhn" in result:
+            row["kuhn_after"] = result["kuhn"]["curve"][-1]["exploitability"]
+    if not changes:
+        return {"per_seed": per_seed}
     mean, low, high = mean_interval(changes)
     return {"per_seed": per_seed, "mean_change": mean, "mean_change_ci": [low, high]}
 
 
 def table(results: dict[str, Any]) -> str:
     """Per seed, warm start and after-RL rows (TicTacToe win vs random, non-loss vs minimax, Kuhn
-    exploitability); per algorithm, the mean change across seeds."""
+    exploitability; `-` for a game that did not run); per algorithm, the mean change across seeds."""
     lines = [
         f"{'seed':>4} {'policy':<26} {'TTT win vs random':<20} {'TTT non-loss vs minimax':<24} "
         f"{'Kuhn exploitability':>19} {'RL wall s':>9}"
     ]
+
+    def row(seed: str, label: str, ttt: dict[str, Any] | None, kuhn_value: float | None, seconds: str) -> str:
+        win = _rate(ttt, "random") if ttt else "-"
+        non_loss = _rate(ttt, "tictactoe-minimax", "non-loss") if ttt else "-"
+        kuhn_text = f"{kuhn_value:.4f}" if kuhn_value is not None else "-"
+        return f"{seed:>4} {label:<26} {win:<20} {non_loss:<24} {kuhn_text:>19} {seconds:>9}"
+
     for seed, run in results["seeds"].items():
         warm = run["warm_start"]
-        lines.append(
-            f"{seed:>4} {'warm start (SFT)':<26} {_rate(warm['tictactoe']['eval'], 'random'):<20} "
-            f"{_rate(warm['tictactoe']['eval'], 'tictactoe-minimax', 'non-loss'):<24} "
-            f"{warm['kuhn']['exploitability']:>19.4f} {'':>9}"
-        )
+        ttt_warm = warm["tictactoe"]["eval"] if "tictactoe" in warm else None
+        lines.append(row(seed, "warm start (SFT)", ttt_warm, warm.get("kuhn", {}).get("exploitability"), ""))
         for name, result in run["algorithms"].items():
-            final = result["tictactoe"]["final"]
-            seconds = result["tictactoe"]["seconds"] + result["kuhn"]["seconds"]
-            lines.append(
-                f"{seed:>4} {'after RL: ' + name:<26} {_rate(final, 'random'):<20} "
-                f"{_rate(final, 'tictactoe-minimax', 'non-loss'):<24} "
-                f"{result['kuhn']['curve'][-1]['exploitability']:>19.4f} {seconds:>9.0f}"
-            )
+            ttt = result["tictactoe"]["final"] if "tictactoe" in result else None
+            kuhn_value = result["kuhn"]["curve"][-1]["exploitability"] if "kuhn" in result else None
+            seconds = sum(part["seconds"] for part in result.values())
+            lines.append(row(seed, "after RL: " + name, ttt, kuhn_value, f"{seconds:.0f}"))
     for name, across in results.get("summary", {}).items():
+        if "mean_change" not in across:
+            continue
         low, high = across["mean_change_ci"]
         separated = sum(p["separated"] for p in across["per_seed"].values())
         lines.append(
@@ -385,20 +413,22 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
 def run_seed(s: Settings, algorithms: list[str], model: str, infosets, save) -> dict[str, Any]:
     """Warm start, then RL with each algorithm, for `s.seed`; `save()` is called after each algorithm."""
     print(f"seed {s.seed}: warm start, SFT on random-vs-random moves", flush=True)
-    warm = {
-        "tictactoe": warm_start(TICTACTOE, s.sft_games, model, s),
-        "kuhn": warm_start(KUHN, s.kuhn_sft_games, model, s),
-    }
-    for spec, game in ((TICTACTOE, "tictactoe"), (KUHN, "kuhn")):
-        warm[game]["eval"] = evaluate_at(spec, model, warm[game]["checkpoint"], OPPONENTS[spec], s.eval_games, s)
-    warm["kuhn"]["exploitability"] = warm["kuhn"]["eval"]["kuhn"]["exploitability"]
+    sft_games = {"tictactoe": s.sft_games, "kuhn": s.kuhn_sft_games}
+    warm = {game: warm_start(SPECS[game], sft_games[game], model, s) for game in s.game_names}
+    for game, result in warm.items():
+        spec = SPECS[game]
+        result["eval"] = evaluate_at(spec, model, result["checkpoint"], OPPONENTS[spec], s.eval_games, s)
+    if "kuhn" in warm:
+        warm["kuhn"]["exploitability"] = warm["kuhn"]["eval"]["kuhn"]["exploitability"]
     run = {"warm_start": warm, "algorithms": {}}
     for algorithm in algorithms:
         print(f"seed {s.seed}: RL with {algorithm}, {s.opponents_label}", flush=True)
-        run["algorithms"][algorithm] = {
-            "tictactoe": tictactoe(algorithm, warm["tictactoe"], model, s),
-            "kuhn": kuhn(algorithm, warm["kuhn"], model, infosets, s),
-        }
+        result = {}
+        if "tictactoe" in warm:
+            result["tictactoe"] = tictactoe(algorithm, warm["tictactoe"], model, s)
+        if "kuhn" in warm:
+            result["kuhn"] = kuhn(algorithm, warm["kuhn"], model, infosets, s)
+        run["algorithms"][algorithm] = result
         save(run)
     return run
 
