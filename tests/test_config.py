@@ -35,6 +35,9 @@ def test_example_config_loads_with_overrides():
         ({"pool": {"fixed_opponents": ["grandmaster"]}}, "grandmaster"),
         ({"buffer": {"final_reward_transforms": [{"name": "Nope"}]}}, "unknown reward transform 'Nope'"),
         ({"learner": {"batch_sise": 3}}, "learner.batch_sise = 3: Extra inputs are not permitted"),
+        ({"warm_start": {"agents": ["random", "grandmaster"]}}, "unknown scripted agent 'grandmaster'"),
+        ({"warm_start": {"agents": ["random"]}}, "one scripted agent per seat of the first training env (2 players)"),
+        ({"warm_start": {"games": 0}}, "warm_start.games = 0"),
     ],
 )
 def test_bad_values_name_the_field(sections, expected):

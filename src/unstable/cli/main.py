@@ -47,10 +47,23 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.set)
     total = cfg.learner.num_steps
+    if cfg.warm_start is not None:
+        ws = cfg.warm_start
+        print(
+            f"unstable: warm start, SFT on the moves of {' vs '.join(ws.agents)} in {ws.games} games, "
+            f"{ws.epochs} epochs",
+            flush=True,
+        )
     print(f"unstable: training {cfg.run.name} for {total} learner steps", flush=True)
-    summary = train(cfg, on_row=lambda row: print(format_progress(row, total), flush=True))
+    summary = train(
+        cfg,
+        on_row=lambda row: print(format_progress(row, total), flush=True),
+        on_warm_start_epoch=lambda row: print(
+            f"warm start epoch {row['epoch']}: loss {row['loss']:.4f} ({row['moves']} moves, {row['updates']} updates)",
+            flush=True,
+        ),
+    )
     print("\n=== summary ===")
-    print(f"  run dir: {summary.run_dir}")
     print(
         f"  learner steps: {summary.learner_steps}   training games: {summary.train_games}   "
         f"wall: {summary.wall_seconds:.0f}s"
@@ -58,6 +71,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     opponents = ", ".join(cfg.collector.evaluation_opponents)
     print(_format_eval(f"eval vs {opponents} at start", summary.eval_start))
     print(_format_eval(f"eval vs {opponents} at end  ", summary.eval_end))
+    if summary.warm_start_checkpoint:
+        print(f"  warm start: {summary.warm_start_checkpoint}")
+    print(f"  run dir: {summary.run_dir} (config.yaml, metrics.jsonl, checkpoints/, logs/)")
     return 0
 
 
