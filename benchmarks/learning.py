@@ -48,6 +48,7 @@ from unstable.models.tiny import ensure_tiny_model  # noqa: E402
 from unstable.pool.config import PoolConfig  # noqa: E402
 from unstable.records import EnvSpec  # noqa: E402
 from unstable.runtime import train  # noqa: E402
+from unstable.tracking import keys  # noqa: E402
 from unstable.tracking.stats import mean_interval  # noqa: E402
 
 TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
@@ -86,6 +87,7 @@ class Settings:
     group_size: int = 4
     algorithm_args: str = "{}"  # the RL algorithm's keyword arguments as JSON, e.g. '{"ref_kl_coef": 0.1}'
     games: str = "tictactoe,kuhn"  # which games to run, comma-separated
+    select_window: int = 0  # > 0: evaluate the best checkpoint by training games vs the scripted agent (see select)
     warm_runs_dir: str = ""  # reuse the SFT warm starts saved under this --runs-dir (per seed) when present
     kuhn_sft_games: int = 400
     kuhn_rl_steps: int = 60
@@ -231,13 +233,29 @@ def train_rl(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, s
     summary = train(validate_config(rl_config(spec, algorithm, warm, steps, model, s)), on_row=rows.append)
     checkpoints = {0: warm} | {k: f"{summary.run_dir}/checkpoints/ckpt-{k}" for k in range(1, steps + 1)}
     keep = ("learner/step", "time", "learner/mean_reward", "collector/format_ok_rate", "collector/invalid_move_rate")
+    keep += (keys.REF_KL,)
     return {
+        "match_matrix": rows[-1].get(keys.POOL_MATCH_MATRIX, {}),
         "run_dir": summary.run_dir,
         "checkpoints": checkpoints,
         "train_games": summary.train_games,
         "rows": [{k: row[k] for k in keep if k in row} for row in rows],
         "seconds": time.time() - start,
     }
+
+
+def select(matrix: dict[str, Any], steps: int, window: int, opponent: str) -> dict[str, Any]:
+    """The checkpoint to evaluate: the last of the `window` consecutive checkpoints whose training games against
+    `opponent` (the pool's match matrix; none of them is an evaluation game) won the largest share, among
+    windows ending at step `window` or later (ties: the later one)."""
+    best = {"step": steps, "win_rate": -1.0, "games": 0}
+    for end in range(window, steps + 1):
+        cells = [matrix.get(f"ckpt-{k}", {}).get(opponent) for k in range(end - window + 1, end + 1)]
+        games = sum(c["games"] for c in cells if c)
+        wins = sum(c["wins"] for c in cells if c)
+        if games and wins / games >= best["win_rate"]:
+            best = {"step": end, "win_rate": wins / games, "games": games}
+    return best
 
 
 def curve_steps(total: int, points: int) -> list[int]:
@@ -268,13 +286,18 @@ def evaluate_at(spec: EnvSpec, model: str, checkpoint: str, opponents: list[str]
 def tictactoe(algorithm: str, warm: dict[str, Any], model: str, s: Settings) -> dict[str, Any]:
     """RL on TicTacToe, then the win-rate curve vs random and the final evaluation."""
     run = train_rl(TICTACTOE, algorithm, warm["checkpoint"], s.rl_steps, model, s)
-    final = evaluate_at(TICTACTOE, model, run["checkpoints"][s.rl_steps], OPPONENTS[TICTACTOE], s.eval_games, s)
+    selected = {"step": s.rl_steps}
+    if s.select_window:
+        selected = select(run["match_matrix"], s.rl_steps, s.select_window, s.train_opponent)
+    final = evaluate_at(TICTACTOE, model, run["checkpoints"][selected["step"]], OPPONENTS[TICTACTOE], s.eval_games, s)
     curve = [outcome_point(0, warm["eval"], "random")]
-    for step in curve_steps(s.rl_steps, s.curve_points)[1:-1]:
+    for step in curve_steps(s.rl_steps, s.curve_points)[1:]:
+        if step == selected["step"]:  # the final evaluation's games, 200 rather than 100
+            curve.append(outcome_point(step, final, "random"))
+            continue
         report = evaluate_at(TICTACTOE, model, run["checkpoints"][step], ["random"], s.curve_games, s)
         curve.append(outcome_point(step, report, "random"))
-    curve.append(outcome_point(s.rl_steps, final, "random"))
-    return {**run, "curve": curve, "final": final}
+    return {**run, "curve": curve, "selected": selected, "final": final}
 
 
 def kuhn(algorithm: str, warm: dict[str, Any], model: str, infosets, s: Settings) -> dict[str, Any]:
@@ -352,6 +375,7 @@ def summary(results: dict[str, Any], algorithm: str) -> dict[str, Any]:
                 "after": after["win_rate"],
                 "after_ci": after["win_ci"],
                 "separated": after["win_ci"][0] > before["win_ci"][1],
+                "step": result["tictactoe"].get("selected", {}).get("step"),
             }
         if "kuhn" in result:
             row["kuhn_after"] = result["kuhn"]["curve"][-1]["exploitability"]
@@ -383,7 +407,9 @@ def table(results: dict[str, Any]) -> str:
             ttt = result["tictactoe"]["final"] if "tictactoe" in result else None
             kuhn_value = result["kuhn"]["curve"][-1]["exploitability"] if "kuhn" in result else None
             seconds = sum(part["seconds"] for part in result.values())
-            lines.append(row(seed, "after RL: " + name, ttt, kuhn_value, f"{seconds:.0f}"))
+            step = result.get("tictactoe", {}).get("selected", {}).get("step")
+            label = f"after RL: {name}" + (f" @{step}" if step else "")
+            lines.append(row(seed, label, ttt, kuhn_value, f"{seconds:.0f}"))
     for name, across in results.get("summary", {}).items():
         if "mean_change" not in across:
             continue
