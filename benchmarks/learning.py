@@ -286,18 +286,20 @@ def evaluate_at(spec: EnvSpec, model: str, checkpoint: str, opponents: list[str]
 def tictactoe(algorithm: str, warm: dict[str, Any], model: str, s: Settings) -> dict[str, Any]:
     """RL on TicTacToe, then the win-rate curve vs random and the final evaluation."""
     run = train_rl(TICTACTOE, algorithm, warm["checkpoint"], s.rl_steps, model, s)
-    selected = {"step": s.rl_steps}
-    if s.select_window:
-        selected = select(run["match_matrix"], s.rl_steps, s.select_window, s.train_opponent)
-    final = evaluate_at(TICTACTOE, model, run["checkpoints"][selected["step"]], OPPONENTS[TICTACTOE], s.eval_games, s)
+    final = evaluate_at(TICTACTOE, model, run["checkpoints"][s.rl_steps], OPPONENTS[TICTACTOE], s.eval_games, s)
     curve = [outcome_point(0, warm["eval"], "random")]
-    for step in curve_steps(s.rl_steps, s.curve_points)[1:]:
-        if step == selected["step"]:  # the final evaluation's games, 200 rather than 100
-            curve.append(outcome_point(step, final, "random"))
-            continue
+    for step in curve_steps(s.rl_steps, s.curve_points)[1:-1]:
         report = evaluate_at(TICTACTOE, model, run["checkpoints"][step], ["random"], s.curve_games, s)
         curve.append(outcome_point(step, report, "random"))
-    return {**run, "curve": curve, "selected": selected, "final": final}
+    curve.append(outcome_point(s.rl_steps, final, "random"))
+    result = {**run, "curve": curve, "final": final}
+    if s.select_window:  # also the checkpoint chosen by its training games, with the final evaluation's games
+        selected = select(run["match_matrix"], s.rl_steps, s.select_window, s.train_opponent)
+        checkpoint = run["checkpoints"][selected["step"]]
+        result["selected"] = selected | {
+            "eval": evaluate_at(TICTACTOE, model, checkpoint, OPPONENTS[TICTACTOE], s.eval_games, s)
+        }
+    return result
 
 
 def kuhn(algorithm: str, warm: dict[str, Any], model: str, infosets, s: Settings) -> dict[str, Any]:
@@ -375,8 +377,10 @@ def summary(results: dict[str, Any], algorithm: str) -> dict[str, Any]:
                 "after": after["win_rate"],
                 "after_ci": after["win_ci"],
                 "separated": after["win_ci"][0] > before["win_ci"][1],
-                "step": result["tictactoe"].get("selected", {}).get("step"),
             }
+            if "selected" in result["tictactoe"]:
+                chosen = result["tictactoe"]["selected"]
+                row["selected"] = {"step": chosen["step"], **chosen["eval"]["opponents"]["random"]["all_seats"]}
         if "kuhn" in result:
             row["kuhn_after"] = result["kuhn"]["curve"][-1]["exploitability"]
     if not changes:
@@ -407,9 +411,10 @@ def table(results: dict[str, Any]) -> str:
             ttt = result["tictactoe"]["final"] if "tictactoe" in result else None
             kuhn_value = result["kuhn"]["curve"][-1]["exploitability"] if "kuhn" in result else None
             seconds = sum(part["seconds"] for part in result.values())
-            step = result.get("tictactoe", {}).get("selected", {}).get("step")
-            label = f"after RL: {name}" + (f" @{step}" if step else "")
-            lines.append(row(seed, label, ttt, kuhn_value, f"{seconds:.0f}"))
+            lines.append(row(seed, f"after RL: {name}", ttt, kuhn_value, f"{seconds:.0f}"))
+            if "selected" in result.get("tictactoe", {}):
+                chosen = result["tictactoe"]["selected"]
+                lines.append(row(seed, f"  selected: step {chosen['step']}", chosen["eval"], None, ""))
     for name, across in results.get("summary", {}).items():
         if "mean_change" not in across:
             continue
