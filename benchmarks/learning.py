@@ -55,6 +55,9 @@ TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
 KUHN = EnvSpec("KuhnPoker-v0-single-train", 2, "qwen3-zs")
 SPECS = {"tictactoe": TICTACTOE, "kuhn": KUHN}
 OPPONENTS = {TICTACTOE: ["random", "tictactoe-minimax"], KUHN: ["random", "kuhn-nash"]}
+# The default recipe (docs/learning.md, "Across seeds: a KL anchor to the warm start"): Reinforce held near the
+# warm start by a KL penalty; the other algorithms run with their defaults.
+RECIPE_ARGS = {"reinforce": {"ref_kl_coef": 0.1}}
 # The tiny model's random embeddings are too small for sharp logits; a LoRA on the (tied) output layer fixes that.
 LORA_TARGETS = [*LoraConfig().target_modules, "lm_head"]
 
@@ -85,7 +88,7 @@ class Settings:
     rl_lr: float = 3e-4
     rl_workers: int = 32
     group_size: int = 4
-    algorithm_args: str = "{}"  # the RL algorithm's keyword arguments as JSON, e.g. '{"ref_kl_coef": 0.1}'
+    algorithm_args: str = ""  # the RL algorithm's keyword arguments as JSON ("": RECIPE_ARGS), e.g. '{"epochs": 4}'
     games: str = "tictactoe,kuhn"  # which games to run, comma-separated
     select_window: int = 0  # > 0: evaluate the best checkpoint by training games vs the scripted agent (see select)
     warm_runs_dir: str = ""  # reuse the SFT warm starts saved under this --runs-dir (per seed) when present
@@ -102,11 +105,15 @@ class Settings:
             make_scripted_agent(self.train_opponent, seed=0)  # an unknown name fails before any training
         if not set(self.game_names) <= {"tictactoe", "kuhn"}:
             raise ValueError(f"--games must name tictactoe and/or kuhn, got {self.games!r}")
-        json.loads(self.algorithm_args)  # malformed JSON fails before any training
+        json.loads(self.algorithm_args or "{}")  # malformed JSON fails before any training
         if self.sample_mode:
             PoolConfig(**self.pool)  # an unknown mode or a bad pool size fails before any training
             if self.full:
                 raise ValueError("--sample-mode plays past checkpoints, which needs --finetune lora")
+
+    def algorithm_kwargs(self, algorithm: str) -> dict[str, Any]:
+        """`--algorithm-args`, or the default recipe's arguments for `algorithm` when none are given."""
+        return json.loads(self.algorithm_args) if self.algorithm_args else RECIPE_ARGS.get(algorithm, {})
 
     @property
     def game_names(self) -> list[str]:
@@ -220,7 +227,7 @@ def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, 
             "lora": None if s.full else lora_cfg(s),
             "initial_lora_path": adapter,
             "num_threads": max(1, s.threads // 2),
-            "algorithm": {"name": algorithm, "args": json.loads(s.algorithm_args)},
+            "algorithm": {"name": algorithm, "args": s.algorithm_kwargs(algorithm)},
         },
         "evaluation": {"games_at_start": 0, "games_at_end": 0},
     }

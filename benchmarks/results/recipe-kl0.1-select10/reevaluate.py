@@ -1,7 +1,10 @@
 """One-off: the run of commit e4c85e5 evaluated only the selected checkpoint with the full evaluation; add the last
 checkpoint's (the same evaluate_at, games and seeds as the benchmark's final evaluation) in the current layout."""
-import json, sys
+
+import json
+import sys
 from dataclasses import replace
+
 sys.path.insert(0, "benchmarks")
 import learning as L
 
