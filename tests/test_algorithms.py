@@ -388,8 +388,9 @@ def test_algorithms_train_through_the_interface_not_the_learner():
 
     policy = FakePolicy()
     steps = [_step(prompt=(1,), completion=(2,), reward=1.0), _step(prompt=(1,), completion=(1,), reward=-1.0)]
-    metrics = Reinforce().update(steps, policy)
+    metrics = Reinforce(ref_kl_coef=0.1).update(steps, policy)  # the KL term reaches the reference through it too
     assert policy.steps_taken == 1 and keys.LOSS in metrics
+    assert metrics[keys.REF_KL] == pytest.approx(0.0, abs=1e-6)  # it started at the (uniform) reference
     assert policy.table[1] > policy.table[0]  # the rewarded completion (token 2) became more likely
 
 
