@@ -3,8 +3,8 @@
 TicTacToe: the tiny model is warm-started by SFT on the moves of the random agent (random vs random games, so
 it learns the answer format and, at best, which moves are legal, but no strategy), evaluated against the
 random agent and minimax, trained with `unstable.runtime.train` against the pool (by default half the games
-mirror self-play, half against the random agent; `--train-opponent mirror` for self-play only), and evaluated
-again at saved checkpoints. Kuhn Poker (`KuhnPoker-v0-single`: one hand per game, rewarded in chips): the
+mirror self-play, half against the random agent; `--train-opponent mirror` for self-play only; Reinforce with the
+recipe's KL penalty to the warm start, `RECIPE_ARGS`), and evaluated again at saved checkpoints. Kuhn Poker (`KuhnPoker-v0-single`: one hand per game, rewarded in chips): the
 same warm start and training, with the exact exploitability of the model's policy measured at saved
 checkpoints.
 
@@ -15,6 +15,7 @@ Run on demand (never from tests):
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/learning.py                  # Reinforce, seeds 0, 1, 2
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/learning.py --all-algorithms # every RL algorithm
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/learning.py --finetune lora --sample-mode lagged  # population
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/learning.py --games kuhn --seeds 1 --algorithm-args '{}'  # no KL
 """
 
 from __future__ import annotations
