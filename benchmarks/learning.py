@@ -4,9 +4,9 @@ TicTacToe: the tiny model is warm-started by SFT on the moves of the random agen
 it learns the answer format and, at best, which moves are legal, but no strategy), evaluated against the
 random agent and minimax, trained with `unstable.runtime.train` against the pool (by default half the games
 mirror self-play, half against the random agent; `--train-opponent mirror` for self-play only; Reinforce with the
-recipe's KL penalty to the warm start, `RECIPE_ARGS`), and evaluated again at saved checkpoints. Kuhn Poker (`KuhnPoker-v0-single`: one hand per game, rewarded in chips): the
-same warm start and training, with the exact exploitability of the model's policy measured at saved
-checkpoints.
+recipe's KL penalty to the warm start, `RECIPE_ARGS`), and evaluated again at saved checkpoints. Kuhn Poker
+(`KuhnPoker-v0-single`: one hand per game, rewarded in chips): the same warm start and training, with the exact
+exploitability of the model's policy measured at saved checkpoints.
 
 Writes `learning.json` and one `learning-<algorithm>.png` per algorithm under `--out-dir` (checkpoints go to
 `--runs-dir`) and prints a table.
