@@ -91,6 +91,7 @@ class Settings:
     group_size: int = 4
     algorithm_args: str = ""  # the RL algorithm's keyword arguments as JSON ("": RECIPE_ARGS), e.g. '{"epochs": 4}'
     games: str = "tictactoe,kuhn"  # which games to run, comma-separated
+    baseline: str = "env"  # "observation": BaselineByObservation (a per-state baseline) before the z-score
     select_window: int = 0  # > 0: evaluate the best checkpoint by training games vs the scripted agent (see select)
     warm_runs_dir: str = ""  # reuse the SFT warm starts saved under this --runs-dir (per seed) when present
     kuhn_sft_games: int = 400
@@ -104,6 +105,8 @@ class Settings:
             raise ValueError(f"--finetune must be 'full' or 'lora', got {self.finetune!r}")
         if self.train_opponent != "mirror":
             make_scripted_agent(self.train_opponent, seed=0)  # an unknown name fails before any training
+        if self.baseline not in ("env", "observation"):
+            raise ValueError(f"--baseline must be 'env' or 'observation', got {self.baseline!r}")
         if not set(self.game_names) <= {"tictactoe", "kuhn"}:
             raise ValueError(f"--games must name tictactoe and/or kuhn, got {self.games!r}")
         json.loads(self.algorithm_args or "{}")  # malformed JSON fails before any training
@@ -219,7 +222,10 @@ def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, 
             # a rejected move is penalised itself (TextArena lets it retry, so the game result may be a win)
             "step_reward_transforms": [{"name": "PenaltyForInvalidMove", "args": {"penalty": -1.0}}],
             # a batch baseline: without it Reinforce's mostly negative rewards destroyed the answer format
-            "sampling_reward_transforms": [{"name": "NormalizeRewardsByEnv", "args": {"z_score": True}}],
+            "sampling_reward_transforms": [
+                *([{"name": "BaselineByObservation"}] if s.baseline == "observation" else []),
+                {"name": "NormalizeRewardsByEnv", "args": {"z_score": True}},
+            ],
         },
         "learner": {
             "num_steps": steps,
