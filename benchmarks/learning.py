@@ -3,10 +3,10 @@
 TicTacToe: the tiny model is warm-started by SFT on the moves of the random agent (random vs random games, so
 it learns the answer format and, at best, which moves are legal, but no strategy), evaluated against the
 random agent and minimax, trained with `unstable.runtime.train` against the pool (by default half the games
-mirror self-play, half against the random agent; `--train-opponent mirror` for self-play only), and evaluated
-again at saved checkpoints. Kuhn Poker (`KuhnPoker-v0-single`: one hand per game, rewarded in chips): the
-same warm start and training, with the exact exploitability of the model's policy measured at saved
-checkpoints.
+mirror self-play, half against the random agent; `--train-opponent mirror` for self-play only; Reinforce with the
+recipe's KL penalty to the warm start, `RECIPE_ARGS`), and evaluated again at saved checkpoints. Kuhn Poker
+(`KuhnPoker-v0-single`: one hand per game, rewarded in chips): the same warm start and training, with the exact
+exploitability of the model's policy measured at saved checkpoints.
 
 Writes `learning.json` and one `learning-<algorithm>.png` per algorithm under `--out-dir` (checkpoints go to
 `--runs-dir`) and prints a table.
@@ -15,6 +15,7 @@ Run on demand (never from tests):
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/learning.py                  # Reinforce, seeds 0, 1, 2
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/learning.py --all-algorithms # every RL algorithm
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/learning.py --finetune lora --sample-mode lagged  # population
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/learning.py --games kuhn --seeds 1 --algorithm-args '{}'  # no KL
 """
 
 from __future__ import annotations
@@ -48,11 +49,16 @@ from unstable.models.tiny import ensure_tiny_model  # noqa: E402
 from unstable.pool.config import PoolConfig  # noqa: E402
 from unstable.records import EnvSpec  # noqa: E402
 from unstable.runtime import train  # noqa: E402
+from unstable.tracking import keys  # noqa: E402
 from unstable.tracking.stats import mean_interval  # noqa: E402
 
 TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
 KUHN = EnvSpec("KuhnPoker-v0-single-train", 2, "qwen3-zs")
+SPECS = {"tictactoe": TICTACTOE, "kuhn": KUHN}
 OPPONENTS = {TICTACTOE: ["random", "tictactoe-minimax"], KUHN: ["random", "kuhn-nash"]}
+# The default recipe (docs/learning.md, "Across seeds: a KL anchor to the warm start"): Reinforce held near the
+# warm start by a KL penalty; the other algorithms run with their defaults.
+RECIPE_ARGS = {"reinforce": {"ref_kl_coef": 0.1}}
 # The tiny model's random embeddings are too small for sharp logits; a LoRA on the (tied) output layer fixes that.
 LORA_TARGETS = [*LoraConfig().target_modules, "lm_head"]
 
@@ -83,6 +89,11 @@ class Settings:
     rl_lr: float = 3e-4
     rl_workers: int = 32
     group_size: int = 4
+    algorithm_args: str = ""  # the RL algorithm's keyword arguments as JSON ("": RECIPE_ARGS), e.g. '{"epochs": 4}'
+    games: str = "tictactoe,kuhn"  # which games to run, comma-separated
+    baseline: str = "env"  # "observation": BaselineByObservation (a per-state baseline) before the z-score
+    select_window: int = 0  # > 0: evaluate the best checkpoint by training games vs the scripted agent (see select)
+    warm_runs_dir: str = ""  # reuse the SFT warm starts saved under this --runs-dir (per seed) when present
     kuhn_sft_games: int = 400
     kuhn_rl_steps: int = 60
     eval_games: int = 200
@@ -94,10 +105,24 @@ class Settings:
             raise ValueError(f"--finetune must be 'full' or 'lora', got {self.finetune!r}")
         if self.train_opponent != "mirror":
             make_scripted_agent(self.train_opponent, seed=0)  # an unknown name fails before any training
+        if self.baseline not in ("env", "observation"):
+            raise ValueError(f"--baseline must be 'env' or 'observation', got {self.baseline!r}")
+        if not set(self.game_names) <= {"tictactoe", "kuhn"}:
+            raise ValueError(f"--games must name tictactoe and/or kuhn, got {self.games!r}")
+        json.loads(self.algorithm_args or "{}")  # malformed JSON fails before any training
         if self.sample_mode:
             PoolConfig(**self.pool)  # an unknown mode or a bad pool size fails before any training
             if self.full:
                 raise ValueError("--sample-mode plays past checkpoints, which needs --finetune lora")
+
+    def algorithm_kwargs(self, algorithm: str) -> dict[str, Any]:
+        """`--algorithm-args`, or the default recipe's arguments for `algorithm` when none are given."""
+        return json.loads(self.algorithm_args) if self.algorithm_args else RECIPE_ARGS.get(algorithm, {})
+
+    @property
+    def game_names(self) -> list[str]:
+        """The games of `--games`."""
+        return [name.strip() for name in self.games.split(",") if name.strip()]
 
     @property
     def full(self) -> bool:
@@ -146,6 +171,11 @@ def warm_start(spec: EnvSpec, games: int, model: str, s: Settings) -> dict[str, 
     from transformers import AutoTokenizer
 
     start = time.time()
+    saved = Path(s.warm_runs_dir, f"seed-{s.seed}", f"sft-{spec.env_id}", "checkpoints")
+    reuse = sorted(saved.glob("ckpt-*")) if s.warm_runs_dir else []
+    if reuse:
+        print(f"  sft {spec.env_id}: reusing {reuse[-1]}", flush=True)
+        return {"checkpoint": str(reuse[-1]), "moves": None, "seconds": 0.0, "reused": True}
     steps = generate_sft_steps(spec, ["random", "random"], games, AutoTokenizer.from_pretrained(model), seed=s.seed)
     cfg = LearnerConfig(
         batch_size=s.sft_batch_size,
@@ -192,7 +222,10 @@ def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, 
             # a rejected move is penalised itself (TextArena lets it retry, so the game result may be a win)
             "step_reward_transforms": [{"name": "PenaltyForInvalidMove", "args": {"penalty": -1.0}}],
             # a batch baseline: without it Reinforce's mostly negative rewards destroyed the answer format
-            "sampling_reward_transforms": [{"name": "NormalizeRewardsByEnv", "args": {"z_score": True}}],
+            "sampling_reward_transforms": [
+                *([{"name": "BaselineByObservation"}] if s.baseline == "observation" else []),
+                {"name": "NormalizeRewardsByEnv", "args": {"z_score": True}},
+            ],
         },
         "learner": {
             "num_steps": steps,
@@ -201,7 +234,7 @@ def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, 
             "lora": None if s.full else lora_cfg(s),
             "initial_lora_path": adapter,
             "num_threads": max(1, s.threads // 2),
-            "algorithm": {"name": algorithm},
+            "algorithm": {"name": algorithm, "args": s.algorithm_kwargs(algorithm)},
         },
         "evaluation": {"games_at_start": 0, "games_at_end": 0},
     }
@@ -214,13 +247,29 @@ def train_rl(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, s
     summary = train(validate_config(rl_config(spec, algorithm, warm, steps, model, s)), on_row=rows.append)
     checkpoints = {0: warm} | {k: f"{summary.run_dir}/checkpoints/ckpt-{k}" for k in range(1, steps + 1)}
     keep = ("learner/step", "time", "learner/mean_reward", "collector/format_ok_rate", "collector/invalid_move_rate")
+    keep += (keys.REF_KL,)
     return {
+        "match_matrix": rows[-1].get(keys.POOL_MATCH_MATRIX, {}),
         "run_dir": summary.run_dir,
         "checkpoints": checkpoints,
         "train_games": summary.train_games,
         "rows": [{k: row[k] for k in keep if k in row} for row in rows],
         "seconds": time.time() - start,
     }
+
+
+def select(matrix: dict[str, Any], steps: int, window: int, opponent: str) -> dict[str, Any]:
+    """The checkpoint to evaluate: the last of the `window` consecutive checkpoints whose training games against
+    `opponent` (the pool's match matrix; none of them is an evaluation game) won the largest share, among
+    windows ending at step `window` or later (ties: the later one)."""
+    best = {"step": steps, "win_rate": -1.0, "games": 0}
+    for end in range(window, steps + 1):
+        cells = [matrix.get(f"ckpt-{k}", {}).get(opponent) for k in range(end - window + 1, end + 1)]
+        games = sum(c["games"] for c in cells if c)
+        wins = sum(c["wins"] for c in cells if c)
+        if games and wins / games >= best["win_rate"]:
+            best = {"step": end, "win_rate": wins / games, "games": games}
+    return best
 
 
 def curve_steps(total: int, points: int) -> list[int]:
@@ -257,7 +306,14 @@ def tictactoe(algorithm: str, warm: dict[str, Any], model: str, s: Settings) -> 
         report = evaluate_at(TICTACTOE, model, run["checkpoints"][step], ["random"], s.curve_games, s)
         curve.append(outcome_point(step, report, "random"))
     curve.append(outcome_point(s.rl_steps, final, "random"))
-    return {**run, "curve": curve, "final": final}
+    result = {**run, "curve": curve, "final": final}
+    if s.select_window:  # also the checkpoint chosen by its training games, with the final evaluation's games
+        selected = select(run["match_matrix"], s.rl_steps, s.select_window, s.train_opponent)
+        checkpoint = run["checkpoints"][selected["step"]]
+        result["selected"] = selected | {
+            "eval": evaluate_at(TICTACTOE, model, checkpoint, OPPONENTS[TICTACTOE], s.eval_games, s)
+        }
+    return result
 
 
 def kuhn(algorithm: str, warm: dict[str, Any], model: str, infosets, s: Settings) -> dict[str, Any]:
@@ -281,6 +337,13 @@ def plot(name: str, per_seed: dict[str, dict[str, Any]], path: Path) -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for seed, result in per_seed.items():
+        if "kuhn" in result:
+            kuhn_curve = result["kuhn"]["curve"]
+            right.plot(
+                [p["step"] for p in kuhn_curve], [p["exploitability"] for p in kuhn_curve], "o-", label=f"seed {seed}"
+            )
+        if "tictactoe" not in result:
+            continue
         curve = result["tictactoe"]["curve"]
         steps = [p["step"] for p in curve]
         rates = [p["win_rate"] for p in curve]
@@ -289,10 +352,6 @@ def plot(name: str, per_seed: dict[str, dict[str, Any]], path: Path) -> None:
             [p["win_ci"][1] - r for r, p in zip(rates, curve)],
         ]
         left.errorbar(steps, rates, yerr=errors, marker="o", capsize=3, label=f"seed {seed}: win rate vs random")
-        kuhn_curve = result["kuhn"]["curve"]
-        right.plot(
-            [p["step"] for p in kuhn_curve], [p["exploitability"] for p in kuhn_curve], "o-", label=f"seed {seed}"
-        )
     left.axhline(0.44, color="grey", linestyle=":", label="random vs random (0.44)")
     left.set(title=f"TicTacToe, {name} (95% CI)", xlabel="learner step", ylim=(0, 1))
     left.legend(fontsize=8)
@@ -316,49 +375,63 @@ def _rate(report: dict[str, Any], opponent: str, key: str = "win") -> str:
 
 def summary(results: dict[str, Any], algorithm: str) -> dict[str, Any]:
     """Across seeds: each seed's TicTacToe win rate vs random before and after RL (with intervals), the mean
-    change with its 95% t-interval, how many seeds separated, and the Kuhn exploitabilities after RL."""
+    change with its 95% t-interval, how many seeds separated, and the Kuhn exploitabilities after RL (each part
+    only for the games that ran)."""
     per_seed, changes = {}, []
     for seed, run in results["seeds"].items():
-        if algorithm not in run["algorithms"]:
-            continue
-        before = run["warm_start"]["tictactoe"]["eval"]["opponents"]["random"]["all_seats"]
-        after = run["algorithms"][algorithm]["tictactoe"]["final"]["opponents"]["random"]["all_seats"]
-        changes.append(after["win_rate"] - before["win_rate"])
-        per_seed[seed] = {
-            "before": before["win_rate"],
-            "before_ci": before["win_ci"],
-            "after": after["win_rate"],
-            "after_ci": after["win_ci"],
-            "separated": after["win_ci"][0] > before["win_ci"][1],
-            "kuhn_after": run["algorithms"][algorithm]["kuhn"]["curve"][-1]["exploitability"],
-        }
+        result = run["algorithms"].get(algorithm, {})
+        row = per_seed.setdefault(seed, {})
+        if "tictactoe" in result:
+            before = run["warm_start"]["tictactoe"]["eval"]["opponents"]["random"]["all_seats"]
+            after = result["tictactoe"]["final"]["opponents"]["random"]["all_seats"]
+            changes.append(after["win_rate"] - before["win_rate"])
+            row |= {
+                "before": before["win_rate"],
+                "before_ci": before["win_ci"],
+                "after": after["win_rate"],
+                "after_ci": after["win_ci"],
+                "separated": after["win_ci"][0] > before["win_ci"][1],
+            }
+            if "selected" in result["tictactoe"]:
+                chosen = result["tictactoe"]["selected"]
+                row["selected"] = {"step": chosen["step"], **chosen["eval"]["opponents"]["random"]["all_seats"]}
+        if "kuhn" in result:
+            row["kuhn_after"] = result["kuhn"]["curve"][-1]["exploitability"]
+    if not changes:
+        return {"per_seed": per_seed}
     mean, low, high = mean_interval(changes)
     return {"per_seed": per_seed, "mean_change": mean, "mean_change_ci": [low, high]}
 
 
 def table(results: dict[str, Any]) -> str:
     """Per seed, warm start and after-RL rows (TicTacToe win vs random, non-loss vs minimax, Kuhn
-    exploitability); per algorithm, the mean change across seeds."""
+    exploitability; `-` for a game that did not run); per algorithm, the mean change across seeds."""
     lines = [
         f"{'seed':>4} {'policy':<26} {'TTT win vs random':<20} {'TTT non-loss vs minimax':<24} "
         f"{'Kuhn exploitability':>19} {'RL wall s':>9}"
     ]
+
+    def row(seed: str, label: str, ttt: dict[str, Any] | None, kuhn_value: float | None, seconds: str) -> str:
+        win = _rate(ttt, "random") if ttt else "-"
+        non_loss = _rate(ttt, "tictactoe-minimax", "non-loss") if ttt else "-"
+        kuhn_text = f"{kuhn_value:.4f}" if kuhn_value is not None else "-"
+        return f"{seed:>4} {label:<26} {win:<20} {non_loss:<24} {kuhn_text:>19} {seconds:>9}"
+
     for seed, run in results["seeds"].items():
         warm = run["warm_start"]
-        lines.append(
-            f"{seed:>4} {'warm start (SFT)':<26} {_rate(warm['tictactoe']['eval'], 'random'):<20} "
-            f"{_rate(warm['tictactoe']['eval'], 'tictactoe-minimax', 'non-loss'):<24} "
-            f"{warm['kuhn']['exploitability']:>19.4f} {'':>9}"
-        )
+        ttt_warm = warm["tictactoe"]["eval"] if "tictactoe" in warm else None
+        lines.append(row(seed, "warm start (SFT)", ttt_warm, warm.get("kuhn", {}).get("exploitability"), ""))
         for name, result in run["algorithms"].items():
-            final = result["tictactoe"]["final"]
-            seconds = result["tictactoe"]["seconds"] + result["kuhn"]["seconds"]
-            lines.append(
-                f"{seed:>4} {'after RL: ' + name:<26} {_rate(final, 'random'):<20} "
-                f"{_rate(final, 'tictactoe-minimax', 'non-loss'):<24} "
-                f"{result['kuhn']['curve'][-1]['exploitability']:>19.4f} {seconds:>9.0f}"
-            )
+            ttt = result["tictactoe"]["final"] if "tictactoe" in result else None
+            kuhn_value = result["kuhn"]["curve"][-1]["exploitability"] if "kuhn" in result else None
+            seconds = sum(part["seconds"] for part in result.values())
+            lines.append(row(seed, f"after RL: {name}", ttt, kuhn_value, f"{seconds:.0f}"))
+            if "selected" in result.get("tictactoe", {}):
+                chosen = result["tictactoe"]["selected"]
+                lines.append(row(seed, f"  selected: step {chosen['step']}", chosen["eval"], None, ""))
     for name, across in results.get("summary", {}).items():
+        if "mean_change" not in across:
+            continue
         low, high = across["mean_change_ci"]
         separated = sum(p["separated"] for p in across["per_seed"].values())
         lines.append(
@@ -385,20 +458,22 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
 def run_seed(s: Settings, algorithms: list[str], model: str, infosets, save) -> dict[str, Any]:
     """Warm start, then RL with each algorithm, for `s.seed`; `save()` is called after each algorithm."""
     print(f"seed {s.seed}: warm start, SFT on random-vs-random moves", flush=True)
-    warm = {
-        "tictactoe": warm_start(TICTACTOE, s.sft_games, model, s),
-        "kuhn": warm_start(KUHN, s.kuhn_sft_games, model, s),
-    }
-    for spec, game in ((TICTACTOE, "tictactoe"), (KUHN, "kuhn")):
-        warm[game]["eval"] = evaluate_at(spec, model, warm[game]["checkpoint"], OPPONENTS[spec], s.eval_games, s)
-    warm["kuhn"]["exploitability"] = warm["kuhn"]["eval"]["kuhn"]["exploitability"]
+    sft_games = {"tictactoe": s.sft_games, "kuhn": s.kuhn_sft_games}
+    warm = {game: warm_start(SPECS[game], sft_games[game], model, s) for game in s.game_names}
+    for game, result in warm.items():
+        spec = SPECS[game]
+        result["eval"] = evaluate_at(spec, model, result["checkpoint"], OPPONENTS[spec], s.eval_games, s)
+    if "kuhn" in warm:
+        warm["kuhn"]["exploitability"] = warm["kuhn"]["eval"]["kuhn"]["exploitability"]
     run = {"warm_start": warm, "algorithms": {}}
     for algorithm in algorithms:
         print(f"seed {s.seed}: RL with {algorithm}, {s.opponents_label}", flush=True)
-        run["algorithms"][algorithm] = {
-            "tictactoe": tictactoe(algorithm, warm["tictactoe"], model, s),
-            "kuhn": kuhn(algorithm, warm["kuhn"], model, infosets, s),
-        }
+        result = {}
+        if "tictactoe" in warm:
+            result["tictactoe"] = tictactoe(algorithm, warm["tictactoe"], model, s)
+        if "kuhn" in warm:
+            result["kuhn"] = kuhn(algorithm, warm["kuhn"], model, infosets, s)
+        run["algorithms"][algorithm] = result
         save(run)
     return run
 

@@ -237,6 +237,23 @@ def test_each_algorithm_learns_the_two_action_bandit(tiny_model_dir, bandit, nam
     assert metrics["learner/ratio_mean"] == pytest.approx(1.0, abs=1e-4 if name != "ppo" else 0.05)
 
 
+@pytest.mark.parametrize("lora", [LoraConfig(lora_rank=4, target_modules=["q_proj", "lm_head"]), None])
+def test_reference_policy_is_the_starting_weights_and_the_ref_kl_holds_the_policy_near_it(tiny_model_dir, bandit, lora):
+    def drift(coef):
+        learner = _learner(tiny_model_dir, Reinforce(ref_kl_coef=coef), lora=lora, learning_rate=0.002)
+        batch = collate([_step(prompt=bandit["prompt"], completion=bandit["good"])], learner.policy.pad_id)
+        with torch.no_grad():
+            torch.testing.assert_close(learner.reference_logprobs(batch), learner.forward(batch).logprobs)
+        for _ in range(8):
+            metrics = learner.train_step(_bandit_batch(learner, bandit))
+        assert metrics[keys.REF_KL] >= 0 and math.isfinite(metrics[keys.LOSS])
+        assert metrics[keys.LOSS] == pytest.approx(metrics[keys.PG_LOSS] + metrics[keys.REF_KL_LOSS])
+        return _margin(learner, bandit)
+
+    held, free = drift(1.0), drift(0.0)
+    assert held < free  # the penalty slowed the move away from the starting weights
+
+
 def test_vtrace_awr_kl_multiplier_follows_the_target_and_ratios_are_logged(tiny_model_dir, bandit):
     coefs = {}
     for target in (1e-4, 10.0):
@@ -353,6 +370,9 @@ def test_algorithms_train_through_the_interface_not_the_learner():
             logp = torch.log_softmax(self.table, 0)[batch.input_ids[:, 1:] - 1]  # (B, L-1)
             return PolicyOutput(logp, torch.zeros(len(batch.rows), 4) if encodings else None)
 
+        def reference_logprobs(self, batch):
+            return torch.log_softmax(torch.zeros(2), 0)[batch.input_ids[:, 1:] - 1]  # (B, L-1) uniform reference
+
         def track_ratios(self, logprobs, batch):
             pass
 
@@ -368,8 +388,9 @@ def test_algorithms_train_through_the_interface_not_the_learner():
 
     policy = FakePolicy()
     steps = [_step(prompt=(1,), completion=(2,), reward=1.0), _step(prompt=(1,), completion=(1,), reward=-1.0)]
-    metrics = Reinforce().update(steps, policy)
+    metrics = Reinforce(ref_kl_coef=0.1).update(steps, policy)  # the KL term reaches the reference through it too
     assert policy.steps_taken == 1 and keys.LOSS in metrics
+    assert metrics[keys.REF_KL] == pytest.approx(0.0, abs=1e-6)  # it started at the (uniform) reference
     assert policy.table[1] > policy.table[0]  # the rewarded completion (token 2) became more likely
 
 

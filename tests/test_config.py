@@ -37,6 +37,9 @@ def test_example_config_loads_with_overrides():
         ({"learner": {"batch_sise": 3}}, "learner.batch_sise = 3: Extra inputs are not permitted"),
         ({"tracker": {"wandb": "sometimes"}}, "tracker.wandb = 'sometimes'"),
         ({"tracker": {"window_games": 0}}, "tracker.window_games = 0"),
+        ({"warm_start": {"agents": ["random", "grandmaster"]}}, "unknown scripted agent 'grandmaster'"),
+        ({"warm_start": {"agents": ["random"]}}, "one scripted agent per seat of the first training env (2 players)"),
+        ({"warm_start": {"games": 0}}, "warm_start.games = 0"),
     ],
 )
 def test_bad_values_name_the_field(sections, expected):

@@ -1,6 +1,7 @@
 """Reward transforms with hand-computed numbers, the registry, and seed 002's three-stage pipeline end to end."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -68,6 +69,16 @@ def test_normalize_rewards_by_env_per_env_mean_and_optional_std():
     assert retra.NormalizeRewardsByEnv(True)([_step(reward=2.0)])[0].reward == 0.0  # a lone step: 0, no NaN
 
 
+def test_baseline_by_observation_is_leave_one_out_per_state_else_the_env_mean():
+    rewards = [(2.0, "J"), (-1.0, "J"), (5.0, "J"), (1.0, "K"), (3.0, "Q")]
+    steps = [replace(_step(reward=r), observation=o) for r, o in rewards]
+    out = retra.BaselineByObservation()(steps)
+    env_mean = sum(r for r, _ in rewards) / len(rewards)  # 2.0
+    # J: each minus the mean of the other two J steps; K and Q are alone, so their env's batch mean
+    assert [s.reward for s in out] == pytest.approx([2 - 2, -1 - 3.5, 5 - 0.5, 1 - env_mean, 3 - env_mean])
+    assert [s.reward for s in steps] == [r for r, _ in rewards]  # inputs untouched
+
+
 def test_registry_builds_every_transform_and_config_accepts_their_names():
     expected = {
         "WinDrawLossFormatter",
@@ -76,6 +87,7 @@ def test_registry_builds_every_transform_and_config_accepts_their_names():
         "RewardForFormat",
         "PenaltyForInvalidMove",
         "NormalizeRewardsByEnv",
+        "BaselineByObservation",
     }
     assert set(retra.TRANSFORMS) == expected
     assert retra.build_transform("PenaltyForInvalidMove", {"reward": 1.0, "penalty": -1.0}).penalty == -1.0

@@ -22,6 +22,8 @@ def test_two_learner_steps_through_ray(tiny_model_dir, tmp_path):
         "inference.max_new_tokens=8",
         "evaluation.games_at_start=4",
         "evaluation.games_at_end=4",
+        "warm_start.games=2",  # the example's warm start, tiny: a few supervised updates of every weight
+        "warm_start.epochs=1",
     ]
     rows = []
     summary = train(load_config(EXAMPLE, overrides), on_row=rows.append)
@@ -30,7 +32,8 @@ def test_two_learner_steps_through_ray(tiny_model_dir, tmp_path):
     assert [r["learner/step"] for r in rows] == [0, 1, 2]
     assert sum(r["inference/generated_tokens"] for r in rows[1:]) > 0  # per window: a short one may see none
     run_dir = tmp_path / "ray-smoke"
-    assert (run_dir / "checkpoints" / "ckpt-2" / "adapter_model.safetensors").exists()
+    assert summary.warm_start_checkpoint.startswith(str(run_dir / "warm-start" / "checkpoints"))
+    assert (run_dir / "checkpoints" / "ckpt-2" / "model.safetensors").exists()  # full fine-tuning: whole models
     assert (run_dir / "config.yaml").exists()
     logs = {p.name for p in (run_dir / "logs").iterdir()}  # one log file per component
     assert logs == {f"{c}.log" for c in ("tracker", "step_buffer", "model_pool", "collector", "learner")}

@@ -161,3 +161,28 @@ def test_cli_rejects_unknown_opponents_and_envs(tiny_model_dir):
         main(["eval", "--model", tiny_model_dir, "--opponents", "no-such-agent"])
     with pytest.raises(SystemExit):
         main(["sft", "--model", tiny_model_dir, "--env", "NoSuchGame-v0"])
+
+
+@pytest.mark.parametrize("lora", [None, {"lora_rank": 4, "target_modules": ["q_proj", "lm_head"]}])
+def test_run_config_warm_start_trains_first_and_rl_starts_from_its_checkpoint(tiny_model_dir, tmp_path, lora):
+    from unstable.config import validate_config
+    from unstable.runtime.driver import warm_start
+
+    cfg = validate_config(
+        {
+            "model": {"path": tiny_model_dir},
+            "collector": {"training_envs": [["TicTacToe-v0-train", 2, "qwen3-zs"]]},
+            "learner": {"lora": lora},
+            "warm_start": {"agents": ["random", "tictactoe-minimax"], "games": 2, "epochs": 1, "batch_size": 8},
+        }
+    )
+    rows = []
+    started = warm_start(cfg, tmp_path, on_epoch=rows.append)
+    assert [row["epoch"] for row in rows] == [1] and rows[0]["moves"] > 0
+    (checkpoint,) = (tmp_path / "warm-start" / "checkpoints").iterdir()
+    if lora is None:  # full fine-tuning: RL's base model is the warm start
+        assert started.model.path == str(checkpoint) and (checkpoint / "config.json").exists()
+    else:  # LoRA: RL's first adapter is the warm start's, on the same base
+        assert started.model.path == tiny_model_dir and started.learner.initial_lora_path == str(checkpoint)
+        assert (checkpoint / "adapter_config.json").exists()
+    assert cfg.model.path == tiny_model_dir and cfg.learner.initial_lora_path is None  # the input is not edited

@@ -270,6 +270,7 @@ def test_two_learner_steps_through_ray_with_vllm(tiny_model_dir, tmp_path):
         "inference.backend=vllm", "inference.max_model_len=1024", "inference.num_actors=2",
         "evaluation.games_at_start=2", "evaluation.games_at_end=2",
         "run.num_cpus=4",  # each inference actor and the learner reserve one Ray CPU
+        "warm_start=null", "learner.lora={lora_rank: 16, lora_alpha: 32}",  # adapters, hot-swapped by vLLM
     ]  # fmt: skip
     rows = []
     summary = train(load_config(EXAMPLE, overrides), on_row=rows.append)

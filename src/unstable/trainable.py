@@ -39,6 +39,9 @@ class TrainablePolicy(Protocol):
     def forward(self, batch: TokenBatch, *, encodings: bool = False, entropy: bool = False) -> PolicyOutput:
         """Token log-probs of `batch` (with gradients unless under `torch.no_grad`), plus what is asked for."""
 
+    def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        """Token log-probs of `batch` under the frozen reference policy (the warm start), `(B, L-1)`, no gradient."""
+
     def track_ratios(self, logprobs: torch.Tensor, batch: TokenBatch) -> None:
         """Record the importance ratios `exp(logprobs - behaviour)` of the batch's completion tokens."""
 

@@ -88,8 +88,23 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"unstable: resuming {args.resume} up to {total} learner steps", flush=True)
         summary = resume_training(args.resume, overrides, on_row=print_row)
     else:
+        if cfg.warm_start is not None:
+            ws = cfg.warm_start
+            print(
+                f"unstable: warm start, SFT on the moves of {' vs '.join(ws.agents)} in {ws.games} games, "
+                f"{ws.epochs} epochs",
+                flush=True,
+            )
         print(f"unstable: training {cfg.run.name} for {total} learner steps", flush=True)
-        summary = train(cfg, on_row=print_row)
+        summary = train(
+            cfg,
+            on_row=print_row,
+            on_warm_start_epoch=lambda row: print(
+                f"warm start epoch {row['epoch']}: loss {row['loss']:.4f} ({row['moves']} moves, "
+                f"{row['updates']} updates)",
+                flush=True,
+            ),
+        )
     print("\n=== summary ===")
     print(f"  run dir: {summary.run_dir}   (plots: unstable report {summary.run_dir})")
     print(
@@ -99,6 +114,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     opponents = ", ".join(cfg.collector.evaluation_opponents)
     print(_format_eval(f"eval vs {opponents} at start", summary.eval_start))
     print(_format_eval(f"eval vs {opponents} at end  ", summary.eval_end))
+    if summary.warm_start_checkpoint:
+        print(f"  warm start: {summary.warm_start_checkpoint}")
+    print(f"  run dir: {summary.run_dir} (config.yaml, metrics.jsonl, checkpoints/, logs/)")
     return 0
 
 

@@ -17,7 +17,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from unstable.buffer.config import BufferConfig
 from unstable.collector.config import CollectorConfig
 from unstable.inference.config import InferenceConfig
-from unstable.learner.config import LearnerConfig
+from unstable.learner.config import LearnerConfig, WarmStartConfig
 from unstable.pool.config import PoolConfig
 from unstable.settings import Settings
 from unstable.tracking.config import TrackerConfig
@@ -74,6 +74,17 @@ class RunConfig(Settings):
     learner: LearnerConfig = LearnerConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     tracker: TrackerConfig = TrackerConfig()
+    warm_start: WarmStartConfig | None = None
+
+    @model_validator(mode="after")
+    def _warm_start_seats_every_player(self) -> RunConfig:
+        players = self.collector.training_envs[0].num_players
+        if self.warm_start is not None and len(self.warm_start.agents) != players:
+            raise ValueError(
+                f"warm_start.agents {self.warm_start.agents} must name one scripted agent per seat of the first "
+                f"training env ({players} players)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _past_checkpoints_need_adapters(self) -> RunConfig:

@@ -65,6 +65,27 @@ class RetentionConfig(Settings):
         )
 
 
+class WarmStartConfig(Settings):
+    """Supervised warm start before RL: imitate scripted agents' moves in the first training env
+    (`collector.demonstrations.generate_sft_steps` + `learner.sft.run_sft`, the learner's LoRA shape or, with
+    `learner.lora: null`, every weight); RL then starts from the resulting checkpoint."""
+
+    agents: list[str] = Field(["random", "random"], description="scripted agent per seat, rotated each game")
+    games: int = Field(800, ge=1, description="games whose valid moves become supervised steps")
+    epochs: int = Field(2, ge=1, description="shuffled passes over the moves")
+    batch_size: int = Field(16, ge=1, description="moves per SFT update")
+    learning_rate: float = Field(1e-3, gt=0.0)
+
+    @field_validator("agents")
+    @classmethod
+    def _scripted_agents(cls, value: list[str]) -> list[str]:
+        from unstable.agents.scripted import make_scripted_agent
+
+        for name in value:
+            make_scripted_agent(name, seed=0)  # an unknown name raises, listing the known ones
+        return value
+
+
 class LearnerConfig(Settings):
     """Batching, optimisation and the trained weights; `lora: null` fine-tunes every weight."""
 

@@ -67,6 +67,10 @@ class Learner:
         """The policy model's forward pass (see `PolicyModel.forward`)."""
         return self.policy.forward(batch, encodings=encodings, entropy=entropy)
 
+    def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        """Token log-probs of `batch` under the warm start (see `PolicyModel.reference_logprobs`)."""
+        return self.policy.reference_logprobs(batch)
+
     @torch.no_grad()
     def track_ratios(self, logprobs: torch.Tensor, batch: TokenBatch) -> None:
         """Record `exp(current - behaviour)` of `batch`'s completion tokens for this update's ratio metrics.

@@ -30,6 +30,7 @@ class PolicyModel:
         self.device = cfg.device
         self.model = None
         self.tokenizer = None
+        self._reference = None  # frozen copy of `model_path` for `reference_logprobs` (full fine-tuning only)
 
     def load(self) -> None:
         """Load the tokenizer and model, wrap LoRA, move to the device. Idempotent."""
@@ -90,6 +91,25 @@ class PolicyModel:
         )
 
     def forward(self, batch: TokenBatch, *, encodings: bool = False, entropy: bool = False) -> PolicyOutput:
+        """See `_forward`: this policy's token log-probs (and encodings or entropies on request)."""
+        return self._forward(self.model, batch, encodings=encodings, entropy=entropy)
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        """Token log-probs of `batch` under the reference policy, `(B, L-1)`: the weights at `model_path` (the warm
+        start of a fully fine-tuned run, loaded once more and frozen on first use, 4 bytes a weight) or, with
+        LoRA, the base model with the adapter disabled."""
+        if self.cfg.lora is not None:
+            with self.model.disable_adapter():
+                return self._forward(self.model, batch).logprobs
+        if self._reference is None:
+            from transformers import AutoModelForCausalLM
+
+            reference = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, self.dtype))
+            self._reference = reference.to(self.device).eval().requires_grad_(False)
+        return self._forward(self._reference, batch).logprobs
+
+    def _forward(self, model, batch: TokenBatch, *, encodings: bool = False, entropy: bool = False) -> PolicyOutput:
         """Token log-probs `log softmax(logits / temperature)[target]` at the completion targets (0 elsewhere),
         plus decision-state encodings or entropies on request.
 
@@ -97,7 +117,7 @@ class PolicyModel:
         a time, so no `(B, L, vocab)` tensor (let alone a float32 one) is ever built: prompts are most of every
         sequence and their logits are never needed.
         """
-        causal_lm = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
         with self._autocast():
             hidden = self._hidden_states(causal_lm.get_decoder(), batch)  # (B, L, H)
         rows, cols = batch.completion_mask.nonzero(as_tuple=True)  # completion targets: position t predicts t+1

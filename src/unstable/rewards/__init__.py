@@ -1,6 +1,7 @@
 """Reward transforms: final (game level), step (shaping) and sampling (batch level) stages."""
 
 from unstable.rewards.transforms import (
+    BaselineByObservation,
     ComposeFinalRewardTransforms,
     ComposeSamplingRewardTransforms,
     ComposeStepRewardTransforms,
@@ -24,6 +25,7 @@ TRANSFORMS = {
         RewardForFormat,
         PenaltyForInvalidMove,
         NormalizeRewardsByEnv,
+        BaselineByObservation,
     )
 }
 
@@ -37,6 +39,7 @@ def build_transform(name: str, args: dict | None = None):
 
 __all__ = [
     "TRANSFORMS",
+    "BaselineByObservation",
     "build_transform",
     "ComposeFinalRewardTransforms",
     "ComposeSamplingRewardTransforms",

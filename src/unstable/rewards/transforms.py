@@ -184,3 +184,26 @@ class NormalizeRewardsByEnv(SamplingRewardTransform):
 
     def _normalize(self, reward: float, mean: float, std: float) -> float:
         return (reward - mean) / (std + self.eps) if self.z_score else reward - mean
+
+
+class BaselineByObservation(SamplingRewardTransform):
+    """Subtracts a per-state baseline: the mean reward of the batch's other steps with the same env and observation
+    (leave-one-out, as in RLOO); a step whose observation no other step shares gets its env's batch mean instead.
+
+    In Kuhn Poker an observation is an information set (the card and the betting so far), so the baseline takes
+    the card's luck out of the reward and leaves what the action changed. Put it before `NormalizeRewardsByEnv`.
+    """
+
+    def __call__(self, steps: list[Step]) -> list[Step]:
+        by_state: dict[tuple[str, str], list[float]] = defaultdict(list)
+        by_env: dict[str, list[float]] = defaultdict(list)
+        for step in steps:
+            by_state[(step.env_id, step.observation)].append(step.reward)
+            by_env[step.env_id].append(step.reward)
+        env_mean = {env: statistics.fmean(rewards) for env, rewards in by_env.items()}
+        return [replace(s, reward=s.reward - self._baseline(s, by_state, env_mean)) for s in steps]
+
+    @staticmethod
+    def _baseline(step: Step, by_state: dict[tuple[str, str], list[float]], env_mean: dict[str, float]) -> float:
+        same = by_state[(step.env_id, step.observation)]
+        return (sum(same) - step.reward) / (len(same) - 1) if len(same) > 1 else env_mean[step.env_id]

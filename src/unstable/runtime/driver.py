@@ -1,4 +1,5 @@
-"""Runs a built topology: evaluate, collect and learn concurrently, evaluate again; and `train`, which does it all.
+"""Runs a built topology: evaluate, collect and learn concurrently, evaluate again; and `train`, which does it all
+(after the supervised warm start, when the config has one).
 
 `run` works on any `Topology`, so every front end (the YAML/CLI path here, the seed's Ray-actor API) drives
 the same actors the same way.
@@ -18,7 +19,7 @@ import yaml
 from unstable.config import ConfigError, RunConfig, load_config
 from unstable.records import GameRecord
 from unstable.runtime import resume
-from unstable.runtime.topology import Topology, build_topology, init_ray
+from unstable.runtime.topology import Topology, build_topology, init_ray, resolve_model_path
 from unstable.tracking import keys, new_run_dir, truncate_metrics, wdl_summary
 
 
@@ -32,6 +33,7 @@ class RunSummary:
     eval_start: dict[str, Any] = field(default_factory=dict)
     eval_end: dict[str, Any] = field(default_factory=dict)
     wall_seconds: float = 0.0
+    warm_start_checkpoint: str | None = None
 
 
 def eval_table(records: list[GameRecord]) -> dict[str, Any]:
@@ -73,13 +75,67 @@ def run(
     return RunSummary(str(t.run_dir), cfg.learner.num_steps, counts["train"], eval_start, eval_end, wall)
 
 
-def train(cfg: RunConfig, on_row: Callable[[dict[str, Any]], None] = lambda row: None) -> RunSummary:
-    """The whole run on Ray: a fresh run directory with the config, the topology, `run`, then shutdown."""
+def warm_start(
+    cfg: RunConfig, run_dir: Path, on_epoch: Callable[[dict[str, Any]], None] = lambda row: None
+) -> RunConfig:
+    """Run `cfg.warm_start`: SFT on the scripted agents' moves in the first training env, with the learner's LoRA
+    shape (or every weight) and all CPU threads, into `run_dir/warm-start/`. Returns `cfg` starting RL from that
+    checkpoint: the new `model.path` when fully fine-tuning, else `learner.initial_lora_path`. `on_epoch` gets
+    each pass's `{"epoch", "loss", "updates", "moves"}`."""
+    from transformers import AutoTokenizer
+
+    from unstable.collector.demonstrations import generate_sft_steps
+    from unstable.learner import LearnerConfig
+    from unstable.learner.sft import run_sft
+
+    ws = cfg.warm_start
+    model = resolve_model_path(cfg)
+    spec = cfg.collector.training_specs()[0]
+    steps = generate_sft_steps(spec, ws.agents, ws.games, AutoTokenizer.from_pretrained(model), seed=cfg.run.seed)
+    sft_cfg = LearnerConfig(
+        batch_size=ws.batch_size,
+        learning_rate=ws.learning_rate,
+        micro_batch_tokens=cfg.learner.micro_batch_tokens,
+        lora=cfg.learner.lora,
+        num_threads=None,
+    )
+    checkpoint = run_sft(
+        model,
+        steps,
+        sft_cfg,
+        out_dir=str(run_dir / "warm-start"),
+        epochs=ws.epochs,
+        seed=cfg.run.seed,
+        on_epoch=lambda row: on_epoch(row | {"moves": len(steps)}),
+    )
+    if cfg.learner.lora is None:
+        model_cfg = cfg.model.model_copy(update={"path": checkpoint, "build_tiny_if_missing": False})
+        return cfg.model_copy(update={"model": model_cfg})
+    return cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"initial_lora_path": checkpoint})})
+
+
+def train(
+    cfg: RunConfig,
+    on_row: Callable[[dict[str, Any]], None] = lambda row: None,
+    on_warm_start_epoch: Callable[[dict[str, Any]], None] = lambda row: None,
+) -> RunSummary:
+    """The whole run: a fresh run directory with the config, the warm start if configured (`warm_start`), then
+    the topology on Ray, `run`, and shutdown. After a warm start the run's `config.yaml` names its checkpoint as
+    the starting point (and no warm start), so `--resume` continues from it."""
     check_resources(cfg)
     run_dir = new_run_dir(cfg.run.path)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_config(cfg, run_dir)
-    return _run_on_ray(cfg, run_dir, on_row, None)
+    start = time.time()
+    warm_checkpoint = None
+    if cfg.warm_start is not None:
+        cfg = warm_start(cfg, run_dir, on_warm_start_epoch).model_copy(update={"warm_start": None})
+        warm_checkpoint = cfg.model.path if cfg.learner.lora is None else cfg.learner.initial_lora_path
+        write_config(cfg, run_dir)
+    summary = _run_on_ray(cfg, run_dir, on_row, None)
+    summary.warm_start_checkpoint = warm_checkpoint
+    summary.wall_seconds = time.time() - start
+    return summary
 
 
 def resume_training(
