@@ -40,6 +40,8 @@ def _overrides(tmp_path, model_dir) -> list[str]:
         "inference.max_new_tokens=4",
         "evaluation.games_at_start=0",
         "evaluation.games_at_end=0",
+        "warm_start=null",  # the example warm-starts by SFT; a kill test needs only RL steps
+        "learner.lora={lora_rank: 4, lora_alpha: 8}",  # adapter checkpoints, as the weight check reads them
     ]
 
 
