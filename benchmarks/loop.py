@@ -71,6 +71,15 @@ def run_loop(args, workers: int, steps: int) -> dict:
         f"inference.max_new_tokens={args.max_new_tokens}",
         f"inference.max_batch_size={max(workers, 1)}",
         f"learner.batch_size={args.batch_size}",
+        # the UnstableBaselines peer's setting (ub-peer-cpu.md): the random-weight model, LoRA, mirror self-play
+        "warm_start=null",
+        "learner.lora={lora_rank: 16, lora_alpha: 32}",
+        "learner.learning_rate=1e-4",
+        "learner.algorithm.args={}",
+        "pool.sample_mode=mirror",
+        "pool.fixed_opponents=[]",
+        "pool.max_active_lora=3",
+        "buffer.max_buffer_size=512",
         "run.name=bench-loop",
         f"run.dir={args.run_dir}",
     ]
