@@ -106,7 +106,6 @@ def cmd_train(args: argparse.Namespace) -> int:
             ),
         )
     print("\n=== summary ===")
-    print(f"  run dir: {summary.run_dir}   (plots: unstable report {summary.run_dir})")
     print(
         f"  learner steps: {summary.learner_steps}   training games: {summary.train_games}   "
         f"wall: {summary.wall_seconds:.0f}s"
@@ -117,6 +116,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if summary.warm_start_checkpoint:
         print(f"  warm start: {summary.warm_start_checkpoint}")
     print(f"  run dir: {summary.run_dir} (config.yaml, metrics.jsonl, checkpoints/, logs/)")
+    print(f"  watch or plot it: unstable dashboard {summary.run_dir}   unstable report {summary.run_dir}")
     return 0
 
 
