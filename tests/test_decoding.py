@@ -32,12 +32,18 @@ def adapter(tiny_model_dir, tmp_path_factory) -> Checkpoint:
     return Checkpoint("lora-1", str(path))
 
 
-def recomputed_logprobs(model, row: Row, adapter: str | None, temperature: float) -> list[float]:
-    """log softmax(logits / temperature)[token] of each generated token, from one forward pass."""
+def recomputed_logprobs(model_dir: str, row: Row, adapter: Checkpoint | None, temperature: float) -> list[float]:
+    """log softmax(logits / temperature)[token] of each generated token, from one forward pass of the model (with
+    the adapter applied by PEFT itself, independently of the engine's batched LoRA)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, adapter.path)
     ids = torch.tensor([row.prompt + row.tokens])
-    extra = {"adapter_names": [adapter or "__base__"]} if hasattr(model, "peft_config") else {}
     with torch.no_grad():
-        logits = model(ids, **extra).logits[0, len(row.prompt) - 1 : -1] / temperature  # (T, V)
+        logits = model(ids).logits[0, len(row.prompt) - 1 : -1] / temperature  # (T, V)
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(row.tokens)[:, None]).squeeze(-1).tolist()
 
 
@@ -57,7 +63,7 @@ def test_rows_joining_mid_generation_keep_exact_logprobs(tiny_model_dir, adapter
     assert sorted(row.tag for row in finished) == ["a", "b", "c"]
     for row in finished:
         assert len(row.tokens) == len(row.logprobs) and row.finish_reason in ("stop", "length")
-        expected = recomputed_logprobs(backend.model, row, row.adapter, 0.8)
+        expected = recomputed_logprobs(tiny_model_dir, row, adapter if row.adapter else None, 0.8)
         assert row.logprobs == pytest.approx(expected, abs=1e-4), row.tag
     assert batch.mask.shape[0] == 0  # every row left, and the cache with them
 
@@ -124,3 +130,33 @@ def test_prefix_cache_serves_shared_prompt_blocks_with_exact_logprobs(tiny_model
         assert result.logprobs == pytest.approx(expected.logprobs, abs=1e-4)
     cached.unload_adapter(adapter.uid)
     assert {key[0] for key in cached.prefix_cache.blocks} == {None}
+
+
+def test_batched_lora_equals_peft_for_every_row_of_a_mixed_batch(tiny_model_dir, tmp_path):
+    """Two adapters of different ranks and targets (one on the tied output layer, one with rsLoRA scaling) and base
+    rows in one forward: each row's logits equal PEFT's for its own adapter; unloading frees the slot."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    shapes = {"x": dict(r=2, target_modules=["q_proj", "lm_head"]), "y": dict(r=8, target_modules=["down_proj"])}
+    for name, shape in shapes.items():
+        torch.manual_seed(len(name))
+        peft = get_peft_model(
+            AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+            LoraConfig(**shape, lora_alpha=4, use_rslora=name == "y", init_lora_weights=False),
+        )
+        peft.save_pretrained(tmp_path / name)
+    backend = TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=2))
+    for name in shapes:
+        backend.load_adapter(Checkpoint(name, str(tmp_path / name)))
+    ids = torch.tensor([backend.tokenizer(LONG, add_special_tokens=False)["input_ids"]] * 3)
+    backend.lora.select(["x", None, "y"], "cpu")
+    with torch.no_grad():
+        batched = backend.model(ids).logits  # (3, L, V)
+        for row, name in enumerate(["x", None, "y"]):
+            model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+            if name:
+                model = PeftModel.from_pretrained(model, str(tmp_path / name))
+            torch.testing.assert_close(batched[row], model(ids[:1]).logits[0], atol=1e-4, rtol=1e-4)
+    backend.unload_adapter("x")
+    assert backend.lora.slot_of == {"y": 2} and backend.lora.scale[1] == 0

@@ -7,8 +7,8 @@ under the sampling temperature, computed from one step's logits only) and return
 leave the batch at once so a waiting request can take their place. Only the last position's logits are
 computed (`logits_to_keep=1`), never `(tokens, vocab)` for a whole prompt.
 
-Rows may name different LoRA adapters: a PEFT model applies each row's adapter in the same forward pass
-(`adapter_names`, one sub-batch per adapter, not per row).
+Rows may name different LoRA adapters: the batched LoRA layers (`inference/lora.py`) apply each row's adapter in
+the same forward pass.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from unstable.inference.base import SamplingConfig
+from unstable.inference.lora import LoRASlots
 from unstable.inference.prefix_cache import BLOCK, BlockKV, PrefixCache
 
 
@@ -73,9 +74,11 @@ class DecodeBatch:
         pad_token_id: int,
         device: str,
         prefix_cache: PrefixCache | None = None,
+        lora: LoRASlots | None = None,
     ):
         self.model = model
         self.prefix_cache = prefix_cache
+        self.lora = lora
         self.sampling = sampling
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
@@ -153,8 +156,8 @@ class DecodeBatch:
         return self._record(logits, first_new_row=0)
 
     def _forward(self, ids, mask, positions, cache, adapters: list[str | None]) -> torch.Tensor:
-        # a PEFT model applies its "active" adapter to rows that name none: name the base explicitly
-        extra = {"adapter_names": [a or "__base__" for a in adapters]} if hasattr(self.model, "peft_config") else {}
+        if self.lora is not None:
+            self.lora.select(adapters, self.device)
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -162,7 +165,6 @@ class DecodeBatch:
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
-            **extra,
         )
         return out.logits[:, -1]  # (B, V)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
@@ -17,12 +16,14 @@ from unstable.inference.base import (
     prompt_too_long,
 )
 from unstable.inference.decoding import DecodeBatch, Row, supports_continuous_batching
+from unstable.inference.lora import LoRASlots
 from unstable.inference.prefix_cache import PrefixCache
 from unstable.records import Checkpoint
 
 
 class TransformersBackend(InferenceBackend):
-    """Serves a causal LM and any number of LoRA adapters; one forward pass mixes adapters row by row.
+    """Serves a causal LM and any number of LoRA adapters; one forward pass mixes adapters row by row (batched
+    LoRA, `inference/lora.py`).
 
     The server drives its continuous batch with `add` and `step`; `generate` completes a batch on its own.
     """
@@ -55,29 +56,21 @@ class TransformersBackend(InferenceBackend):
                 "which the transformers backend's continuous batching cannot merge; use inference.backend: vllm"
             )
         self.adapters: set[str] = set()
+        self.lora = LoRASlots(self.model)
         self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
         self._running = self._new_batch()
 
     def load_adapter(self, checkpoint: Checkpoint) -> None:
-        """Load a PEFT adapter directory under `checkpoint.uid` (the first one wraps the model in PeftModel)."""
-        from peft import PeftModel
-
+        """Load a PEFT LoRA adapter directory under `checkpoint.uid` into a slot of the batched LoRA layers."""
         if checkpoint.uid in self.adapters:
             return
-        if not self.adapters and not isinstance(self.model, PeftModel):
-            self.model = PeftModel.from_pretrained(self.model, checkpoint.path, adapter_name=checkpoint.uid)
-            self._running.model = self.model
-        else:
-            self.model.load_adapter(checkpoint.path, adapter_name=checkpoint.uid)
-        self.model.eval()
+        self.lora.load(checkpoint.uid, checkpoint.path)
         self.adapters.add(checkpoint.uid)
 
     def unload_adapter(self, uid: str) -> None:
-        """Delete adapter `uid`; the PeftModel wrapper stays (a batch may still name other adapters)."""
+        """Free adapter `uid`'s slot and its prefix-cache blocks."""
         if uid in self.adapters:
-            with warnings.catch_warnings():  # PEFT warns when the "active" adapter goes; batches name theirs
-                warnings.filterwarnings("ignore", message="Adapter .* was active which is now deleted")
-                self.model.delete_adapter(uid)
+            self.lora.unload(uid)
             self.adapters.discard(uid)
             if self.prefix_cache is not None:
                 self.prefix_cache.drop_adapter(uid)
@@ -130,6 +123,7 @@ class TransformersBackend(InferenceBackend):
             pad_token_id=self.tokenizer.pad_token_id,
             device=self.device,
             prefix_cache=self.prefix_cache,
+            lora=self.lora,
         )
 
     def _admit(
