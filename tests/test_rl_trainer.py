@@ -254,7 +254,8 @@ def test_two_processes_keep_identical_weights(tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
     command = [str(torchrun), "--standalone", "--nproc_per_node", "2", str(worker), str(tmp_path)]
-    subprocess.run(command, env=env, check=True, timeout=240, capture_output=True)
+    done = subprocess.run(command, env=env, timeout=240, capture_output=True, text=True)
+    assert done.returncode == 0, f"torchrun failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
     assert rank0["num_processes"] == rank1["num_processes"] == 2
     _assert_same(rank0, rank1)
