@@ -1,7 +1,6 @@
 """The live dashboard: every panel from a recorded run, and a real run watched under tmux."""
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -94,7 +93,6 @@ def _pane(socket: str, session: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 def test_the_dashboard_follows_a_live_run_under_tmux(tmp_path, tiny_model_dir):
     """A real short training run; the dashboard in a tmux pane shows its learner step and numbers change."""
     run_dir = tmp_path / "runs" / "live"

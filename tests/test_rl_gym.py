@@ -6,13 +6,12 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 import torch
 
-gym = pytest.importorskip("gymnasium")
-
-from unstable.rl import cli  # noqa: E402
-from unstable.rl.gym_utils import (  # noqa: E402
+from unstable.rl import cli
+from unstable.rl.gym_utils import (
     EVAL_MEAN_RETURN,
     GymCollector,
     GymConfig,
@@ -21,7 +20,7 @@ from unstable.rl.gym_utils import (  # noqa: E402
     make_vector_env,
     train_gym,
 )
-from unstable.rl.trainer import KL, TorchTrainer  # noqa: E402
+from unstable.rl.trainer import KL, TorchTrainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -235,7 +235,6 @@ def test_checkpoint_best_can_minimise(tmp_path):
 
 
 def test_accelerate_single_process(tmp_path):
-    pytest.importorskip("accelerate")
     torch.manual_seed(0)
     agent = BanditAgent()
     trainer = TorchTrainer(config(tmp_path, use_accelerate="always"), agent)
@@ -249,7 +248,6 @@ def test_accelerate_single_process(tmp_path):
 def test_two_processes_keep_identical_weights(tmp_path):
     """Two torchrun processes with different amounts of data: gradients are averaged and no collective waits
     forever, so both end with the same weights."""
-    pytest.importorskip("accelerate")
     worker = Path(__file__).with_name("rl_two_process_worker.py")
     torchrun = Path(sys.executable).with_name("torchrun")
     env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
