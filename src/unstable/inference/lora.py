@@ -35,8 +35,7 @@ class BatchedLoRALinear(torch.nn.Module):
         if rows is None or self.A.shape[1] == 0:
             return y
         a, b = self.A[rows], self.B[rows]  # (B, rank, in), (B, out, rank)
-        scale = self.slots.scale[rows].to(x.dtype)[:, None, None]  # (B, 1, 1)
-        return y + scale * torch.bmm(torch.bmm(x, a.transpose(1, 2)), b.transpose(1, 2))  # (B, T, out)
+        return y + self.slots.row_scale * torch.bmm(torch.bmm(x, a.transpose(1, 2)), b.transpose(1, 2))  # (B, T, out)
 
     def put(self, slot: int, a: torch.Tensor | None, b: torch.Tensor | None, rank: int) -> None:
         """Write one adapter's `a` (r, in) and `b` (out, r) into `slot` (None: zeros), growing to `rank`/`slot`."""
@@ -58,8 +57,11 @@ class LoRASlots:
         self.model = model
         self.layers: dict[str, BatchedLoRALinear] = {}  # module path -> its wrapper
         self.slot_of: dict[str, int] = {}  # adapter uid -> slot (1, 2, ...; 0 is the base model)
-        self.scale = torch.zeros(1)  # (slots,)
+        weight = next(model.parameters())
+        self.scale = weight.new_zeros(1, dtype=torch.float32)  # (slots,), on the model's device
+        self.dtype = weight.dtype
         self.rows: torch.Tensor | None = None  # (B,) slot of each row of the running forward
+        self.row_scale: torch.Tensor | None = None  # (B, 1, 1) each row's adapter scale
 
     def load(self, uid: str, path: str | Path) -> None:
         """Read a PEFT LoRA adapter directory into a free slot under `uid`."""
@@ -93,6 +95,7 @@ class LoRASlots:
     def select(self, adapters: list[str | None], device: str) -> None:
         """Set the slot of every row of the next forward (None: the base model)."""
         self.rows = torch.tensor([self.slot_of[a] if a else 0 for a in adapters], device=device)
+        self.row_scale = self.scale[self.rows].to(self.dtype)[:, None, None]  # (B, 1, 1)
 
     def _check_saved_base_weights(self, weights: dict[str, torch.Tensor], path) -> None:
         """PEFT also saves the base weight of a targeted layer tied to the embeddings (`lm_head`); the engine

@@ -1,4 +1,4 @@
-"""The embedded default backend: a transformers model decoded by continuous batching, PEFT adapters per row."""
+"""The embedded default backend: a transformers model decoded by continuous batching, LoRA adapters per row."""
 
 from __future__ import annotations
 
@@ -55,23 +55,25 @@ class TransformersBackend(InferenceBackend):
                 f"model {model_path!r} ({self.model.config.model_type}) uses a sliding-window or static KV cache, "
                 "which the transformers backend's continuous batching cannot merge; use inference.backend: vllm"
             )
-        self.adapters: set[str] = set()
         self.lora = LoRASlots(self.model)
         self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
         self._running = self._new_batch()
+
+    @property
+    def adapters(self) -> set[str]:
+        """The uids of the loaded adapters."""
+        return set(self.lora.slot_of)
 
     def load_adapter(self, checkpoint: Checkpoint) -> None:
         """Load a PEFT LoRA adapter directory under `checkpoint.uid` into a slot of the batched LoRA layers."""
         if checkpoint.uid in self.adapters:
             return
         self.lora.load(checkpoint.uid, checkpoint.path)
-        self.adapters.add(checkpoint.uid)
 
     def unload_adapter(self, uid: str) -> None:
         """Free adapter `uid`'s slot and its prefix-cache blocks."""
         if uid in self.adapters:
             self.lora.unload(uid)
-            self.adapters.discard(uid)
             if self.prefix_cache is not None:
                 self.prefix_cache.drop_adapter(uid)
 
