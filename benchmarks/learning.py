@@ -87,6 +87,8 @@ class Settings:
     rl_steps: int = 120
     rl_batch_size: int = 64
     rl_lr: float = 3e-4
+    rl_lr_schedule: str = "constant"  # learner.lr_schedule: constant, linear or cosine (to rl_min_lr_ratio)
+    rl_min_lr_ratio: float = 0.0
     rl_workers: int = 32
     group_size: int = 4
     algorithm_args: str = ""  # the RL algorithm's keyword arguments as JSON ("": RECIPE_ARGS), e.g. '{"epochs": 4}'
@@ -231,12 +233,15 @@ def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, 
             "num_steps": steps,
             "batch_size": s.rl_batch_size,
             "learning_rate": s.rl_lr,
+            "lr_schedule": s.rl_lr_schedule,
+            "min_lr_ratio": s.rl_min_lr_ratio,
             "lora": None if s.full else lora_cfg(s),
             "initial_lora_path": adapter,
             "num_threads": max(1, s.threads // 2),
             "algorithm": {"name": algorithm, "args": s.algorithm_kwargs(algorithm)},
         },
         "evaluation": {"games_at_start": 0, "games_at_end": 0},
+        "tracker": {"wandb": "disabled", "tensorboard": False},  # metrics.jsonl only: no extra processes
     }
 
 

@@ -434,3 +434,29 @@ def test_packed_sequences_and_bf16_autocast_give_the_padded_float32_log_probs(ti
     torch.testing.assert_close(outputs["packed"].encodings, outputs["padded"].encodings, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(outputs["bf16"].logprobs, outputs["padded"].logprobs, atol=0.1, rtol=0.05)
     assert not torch.equal(outputs["bf16"].logprobs, outputs["padded"].logprobs)  # autocast did run in bf16
+
+
+# --- learning-rate schedule ---------------------------------------------------------------------------------
+
+
+def test_lr_schedules_warm_up_then_decay_to_the_floor():
+    from unstable.learner.schedule import lr_factor
+
+    assert [lr_factor(k, 5, "constant") for k in range(5)] == [1.0] * 5
+    assert [lr_factor(k, 5, "linear") for k in range(5)] == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0])
+    assert [lr_factor(k, 5, "cosine", min_lr_ratio=0.2) for k in (0, 2, 4)] == pytest.approx([1.0, 0.6, 0.2])
+    assert [lr_factor(k, 6, "linear", warmup_steps=2) for k in range(6)] == pytest.approx(
+        [0.5, 1.0, 1.0, 2 / 3, 1 / 3, 0.0]
+    )
+    with pytest.raises(ValueError, match="lr_schedule"):
+        LearnerConfig(lr_schedule="exponential")
+
+
+def test_learner_follows_the_schedule_in_every_group_and_after_a_restore(tiny_model_dir, bandit):
+    learner = _learner(tiny_model_dir, A2C(), num_steps=3, lr_schedule="linear")  # A2C adds a value-head group
+    rates = [learner.train_step(_bandit_batch(learner, bandit))[keys.LEARNING_RATE] for _ in range(2)]
+    assert rates == pytest.approx([0.005, 0.0025])
+    assert all(group["lr"] == pytest.approx(group["base_lr"] / 2) for group in learner.optimizer.param_groups)
+    fresh = _learner(tiny_model_dir, A2C(), num_steps=3, lr_schedule="linear")
+    fresh.load_state_dict(copy.deepcopy(learner.state_dict()))
+    assert fresh.train_step(_bandit_batch(fresh, bandit))[keys.LEARNING_RATE] == pytest.approx(0.0)

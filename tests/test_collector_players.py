@@ -71,3 +71,29 @@ def test_evaluation_opponents_take_turns_and_meet_every_seat(tmp_path):
     met = {(r.players[1 - r.learner_player_ids[0]], r.learner_player_ids[0]) for r in records}
     assert met == {(o, seat) for o in ("random", "tictactoe-minimax") for seat in (0, 1)}
     assert {e["agent"] for e in pool.metrics()[keys.POOL_LADDER]} >= {"random", "tictactoe-minimax"}  # rated
+
+
+def test_a_full_buffer_pauses_new_training_games_until_the_learner_takes_a_batch(tmp_path):
+    import threading
+    import time
+
+    spec = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
+    pool = ModelPool(PoolConfig(sample_mode="fixed", fixed_opponents=["random"]))
+    pool.add_checkpoint(path=None, iteration=-1)
+    buffer = StepBuffer(4)
+    cfg = CollectorConfig(training_envs=[spec], pause_when_buffer_full=True)
+    collector = Collector(_FakeEngine(), pool, buffer, Tracker(tmp_path), cfg)
+    runner = threading.Thread(target=collector.collect, args=(2,))
+    runner.start()
+    while not buffer.is_full():
+        time.sleep(0.05)
+    time.sleep(0.6)  # three rounds of the collector's loop: at most the two games in flight may finish
+    paused_at = pool.games_played
+    time.sleep(0.6)
+    assert pool.games_played == paused_at and buffer.counters[keys.BUFFER_STEPS_DROPPED] <= 2 * 5
+    buffer.get_batch(4)  # the learner takes a batch: collection resumes
+    while pool.games_played == paused_at:
+        time.sleep(0.05)
+    collector.stop()
+    runner.join(timeout=10)
+    assert not runner.is_alive()

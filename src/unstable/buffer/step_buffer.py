@@ -77,6 +77,10 @@ class StepBuffer:
         """Steps currently stored."""
         return len(self.steps)
 
+    def is_full(self) -> bool:
+        """True when the next step added would push out the oldest."""
+        return len(self.steps) >= self.max_buffer_size
+
     def get_batch(self, batch_size: int) -> list[Step]:
         """Remove and return `batch_size` uniformly drawn steps, after the sampling-stage transform."""
         if batch_size > len(self.steps):

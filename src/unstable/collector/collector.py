@@ -58,24 +58,43 @@ class Collector:
         self._stop = threading.Event()
 
     def collect(self, num_workers: int, num_eval_workers: int = 0) -> dict[str, int]:
-        """Keep the games in flight until `stop()` is called; returns how many games of each kind ran."""
+        """Keep the games in flight until `stop()` is called; returns how many games of each kind ran.
+
+        With `cfg.pause_when_buffer_full` a finished training game's slot stays empty while the StepBuffer is full
+        and is refilled once the learner has taken a batch (asked once per round, however many slots wait).
+        """
         self._stop.clear()
         counts = {"train": 0, "eval": 0}
         with ThreadPoolExecutor(max_workers=num_workers + num_eval_workers, thread_name_prefix="game") as pool:
             in_flight: dict[Future, str] = {}
+
+            def start(kind: str) -> None:
+                in_flight[pool.submit(self.play_one, kind == "eval")] = kind
+
             for kind, n in (("train", num_workers), ("eval", num_eval_workers)):
                 for _ in range(n):
-                    in_flight[pool.submit(self.play_one, kind == "eval")] = kind
-            while in_flight:
-                done, _ = wait(in_flight, timeout=0.2, return_when=FIRST_COMPLETED)
+                    start(kind)
+            waiting = 0  # training slots left empty while the buffer is full
+            while in_flight or waiting:
+                done = wait(in_flight, timeout=0.2, return_when=FIRST_COMPLETED)[0] if in_flight else set()
+                if not in_flight:
+                    self._stop.wait(0.2)
                 stopping = self._stopping()  # one question per round, however many games finished
                 for future in done:
                     kind = in_flight.pop(future)
                     counts[kind] += 1
                     if future.exception() is not None:
                         log.error("game worker crashed: %r", future.exception())
-                    if not stopping:
-                        in_flight[pool.submit(self.play_one, kind == "eval")] = kind
+                    if kind == "train":
+                        waiting += 1
+                    elif not stopping:
+                        start(kind)
+                if stopping:
+                    waiting = 0
+                elif waiting and not (self.cfg.pause_when_buffer_full and self.step_buffer.is_full()):
+                    for _ in range(waiting):
+                        start("train")
+                    waiting = 0
         return counts
 
     def evaluate(self, num_games: int, concurrency: int = 16) -> list[GameRecord]:

@@ -67,6 +67,12 @@ class CollectorConfig(Settings):
     group_size: int = Field(
         1, ge=1, description="continuations per training game branched from a copied decision state (1: off)"
     )
+    pause_when_buffer_full: bool = Field(
+        False,
+        description="start no new training game while the StepBuffer is full (games in flight still finish): when "
+        "the learner is slower than the games, inference then waits instead of playing games whose steps the buffer "
+        "would drop, leaving the CPU or GPU to the learner",
+    )
 
     def training_specs(self) -> list[EnvSpec]:
         """The training games as records."""

@@ -21,6 +21,7 @@ from unstable.algorithms.base import BaseAlgo
 from unstable.batching import TokenBatch
 from unstable.learner.config import LearnerConfig
 from unstable.learner.policy_model import PolicyModel
+from unstable.learner.schedule import lr_factor
 from unstable.records import Step
 from unstable.tracking import keys
 from unstable.trainable import PolicyOutput
@@ -47,6 +48,8 @@ class Learner:
         self.policy.load()
         self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=self.cfg.learning_rate)
         self.algorithm.initialize(self)
+        for group in self.optimizer.param_groups:
+            group.setdefault("base_lr", group["lr"])
 
     # ---- TrainablePolicy: what the algorithm sees -----------------------------------------------------------
     @property
@@ -83,8 +86,8 @@ class Learner:
 
     def add_parameters(self, params: Iterable[torch.nn.Parameter], lr: float | None = None) -> None:
         """Train extra parameters (a value head) with the same optimizer, at `lr` if given."""
-        group = {"params": list(params)}
-        self.optimizer.add_param_group(group if lr is None else group | {"lr": lr})
+        group = {"params": list(params), "base_lr": self.cfg.learning_rate if lr is None else lr}
+        self.optimizer.add_param_group(group | {"lr": group["base_lr"]})
 
     def optimizer_step(self) -> float:
         """Clip, step and zero the gradients; returns the pre-clip gradient norm.
@@ -131,6 +134,7 @@ class Learner:
         staleness = [self.staleness(s) for s in steps]
         self._ratios = _RatioStats()
         self.skipped["update"] = 0
+        rate = self._schedule_learning_rate()
         metrics = self.algorithm.update(steps, self) | self._ratios.metrics()
         self.step += 1
         seconds = time.perf_counter() - start
@@ -144,9 +148,18 @@ class Learner:
             keys.STALENESS_MAX: max(staleness),
             keys.SKIPPED_UPDATES: self.skipped["update"],
             keys.SKIPPED_UPDATES_TOTAL: self.skipped["total"],
+            keys.LEARNING_RATE: rate,
             keys.UPDATE_SECONDS: seconds,
             keys.TRAIN_TOKENS_PER_S: tokens / max(seconds, 1e-9),
         }
+
+    def _schedule_learning_rate(self) -> float:
+        """Set every parameter group's rate for this update from `cfg.lr_schedule`; returns the policy's rate."""
+        cfg = self.cfg
+        factor = lr_factor(self.step, cfg.num_steps, cfg.lr_schedule, cfg.warmup_steps, cfg.min_lr_ratio)
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["base_lr"] * factor
+        return self.optimizer.param_groups[0]["lr"]
 
     def save_checkpoint(self, directory: str) -> str:
         """Write the current weights (adapter or full model) to `directory` atomically; returns its path."""
