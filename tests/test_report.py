@@ -24,20 +24,37 @@ def test_plot_data_are_the_jsonl_values():
     rows = read_rows(RECORDED_RUN)
 
     curve = data.eval_curve(rows)
-    with_eval = [row for row in learner if row[keys.EVAL_GAMES]]
+    totals = [row[keys.TOTAL_EVAL_GAMES] for row in learner]
+    with_eval = [row for i, row in enumerate(learner) if row[keys.EVAL_GAMES] and (i == 0 or totals[i] > totals[i - 1])]
     assert curve["steps"] == [row[keys.STEP] for row in with_eval] and curve["steps"][0] == 0
+    assert len(curve["steps"]) > 1  # the recorded run played eval games beside training
     assert curve["win_rate"] == [row[keys.EVAL_WIN_RATE] for row in with_eval]
     assert curve["low"] == [row[keys.EVAL_WIN_LOW] for row in with_eval]
     assert curve["high"] == [row[keys.EVAL_WIN_HIGH] for row in with_eval]
 
     ratings = data.rating_history(rows)
     assert ratings["latest"]["mu"] == [row[keys.POOL_LATEST_MU] for row in learner]
-    minimax = [next(e for e in row[keys.POOL_LADDER] if e["agent"] == "tictactoe-minimax") for row in learner]
+    games = [row[keys.POOL_MATCH_MATRIX].get("tictactoe-minimax", {}) for row in learner]
+    games = [sum(cell["games"] for cell in cells.values()) for cells in games]
+    played = [row for i, row in enumerate(learner) if games[i] and (i == 0 or games[i] != games[i - 1])]
+    minimax = [next(e for e in row[keys.POOL_LADDER] if e["agent"] == "tictactoe-minimax") for row in played]
     assert ratings["tictactoe-minimax"]["sigma"] == [entry["sigma"] for entry in minimax]
+    assert ratings["tictactoe-minimax"]["steps"] == [row[keys.STEP] for row in played]
     assert not any(name.startswith("ckpt-1") for name in ratings)  # past checkpoints are not drawn
+    anchor = data.rating_anchor(rows)
+    relative = data.rating_history(rows, relative=True)
+    levels = [next(e["mu"] for e in row[keys.POOL_LADDER] if e["agent"] == anchor) for row in learner]
+    assert relative["latest"]["mu"] == pytest.approx(
+        [row[keys.POOL_LATEST_MU] - lv for row, lv in zip(learner, levels)]
+    )
+
+    table = raw[-1][keys.POOL_MATCH_MATRIX]
+    training = data.training_win_rate(rows, "tictactoe-minimax", window=5)
+    cells = [table[f"ckpt-{k}"]["tictactoe-minimax"] for k in range(1, 6) if "tictactoe-minimax" in table[f"ckpt-{k}"]]
+    assert training["steps"][0] == 5 and training["games"][0] == sum(c["games"] for c in cells)
+    assert training["win_rate"][0] == pytest.approx(sum(c["wins"] for c in cells) / training["games"][0])
 
     matrix = data.match_matrix(rows)
-    table = raw[-1][keys.POOL_MATCH_MATRIX]
     i, j = matrix["agents"].index("tictactoe-minimax"), matrix["agents"].index("ckpt--1")
     assert matrix["win_rate"][i][j] == table["tictactoe-minimax"]["ckpt--1"]["win_rate"]
     assert matrix["games"][i][j] == table["tictactoe-minimax"]["ckpt--1"]["games"]

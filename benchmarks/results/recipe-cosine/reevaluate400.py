@@ -24,6 +24,9 @@ for seed, run in results["seeds"].items():
     before, after = row["warm_start"]["random"], row["after_rl"]["random"]
     row["separated"] = after["win_ci"][0] > before["win_ci"][1]
     out["seeds"][seed] = row
-    print(f"seed {seed}: {before['win_rate']:.3f} {before['win_ci']} -> {after['win_rate']:.3f} {after['win_ci']}"
-          f" separated={row['separated']}", flush=True)
+    print(
+        f"seed {seed}: {before['win_rate']:.3f} {before['win_ci']} -> {after['win_rate']:.3f} {after['win_ci']}"
+        f" separated={row['separated']}",
+        flush=True,
+    )
 json.dump(out, open(here / "reeval-400.json", "w"), indent=2)

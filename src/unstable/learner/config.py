@@ -94,9 +94,13 @@ class LearnerConfig(Settings):
     mini_batch_size: int | None = Field(None, ge=1, description="most rows in one micro-batch (None: no limit)")
     micro_batch_tokens: int = Field(8192, ge=1, description="padded tokens per micro-batch")
     learning_rate: float = Field(1e-5, gt=0.0)
-    lr_schedule: str = Field("constant", description="learning-rate schedule over num_steps (learner.schedule.LR_SCHEDULES)")
+    lr_schedule: str = Field(
+        "constant", description="learning-rate schedule over num_steps (learner.schedule.LR_SCHEDULES)"
+    )
     warmup_steps: int = Field(0, ge=0, description="updates of linear warm-up before the schedule")
-    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="the decaying schedules end at this share of learning_rate")
+    min_lr_ratio: float = Field(
+        0.0, ge=0.0, le=1.0, description="the decaying schedules end at this share of learning_rate"
+    )
     grad_clip: float = Field(1.0, gt=0.0, description="clip_grad_norm_ threshold")
     max_train_len: int | None = Field(None, ge=2, description="train on the first tokens of longer sequences")
     logit_chunk_tokens: int = Field(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from unstable.tracking import keys
-from unstable.tracking.history import agent_order, busiest_agents, latest_value, learner_rows, series
+from unstable.tracking.history import agent_order, busiest_agents, games_by_agent, latest_value, learner_rows, series
 
 LOSS_KEYS = (
     keys.LOSS,
@@ -22,8 +22,14 @@ MATRIX_AGENTS = 10  # the heatmap shows the agents with the most games, up to th
 
 
 def eval_curve(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
-    """Rolling eval win rate with its 95% Wilson interval at each learner step that had eval games."""
-    with_games = [row for row in learner_rows(rows) if row.get(keys.EVAL_GAMES)]
+    """Rolling eval win rate with its 95% Wilson interval at each learner step whose window holds eval games that
+    the previous point's did not (a window that only repeats the start evaluation adds no point)."""
+    with_games, seen = [], -1
+    for row in learner_rows(rows):
+        total = row.get(keys.TOTAL_EVAL_GAMES, seen + 1)
+        if row.get(keys.EVAL_GAMES) and total > seen:
+            with_games.append(row)
+            seen = total
     return {
         "steps": [row[keys.STEP] for row in with_games],
         "win_rate": [row[keys.EVAL_WIN_RATE] for row in with_games],
@@ -33,10 +39,14 @@ def eval_curve(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
     }
 
 
-def rating_history(rows: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
-    """For the latest checkpoint (as `latest`) and every agent that is not a later checkpoint (fixed opponents,
-    the base model `ckpt--1`): its TrueSkill mu and sigma at each learner step."""
+def rating_history(rows: list[dict[str, Any]], relative: bool = False) -> dict[str, dict[str, list[float]]]:
+    """For the latest checkpoint (as `latest`, at every learner step) and every agent that is not a later
+    checkpoint (fixed opponents, the base model `ckpt--1`; at the steps by which it had played more games): its
+    TrueSkill mu and sigma. With `relative`, mu minus that step's mu of `rating_anchor(rows)`: ratings only
+    compare agents, and their common level drifts as new checkpoints join."""
     history: dict[str, dict[str, list[float]]] = {}
+    anchor = rating_anchor(rows) if relative else None
+    played: dict[str, int] = {}
 
     def add(name: str, step: int, mu: float, sigma: float) -> None:
         line = history.setdefault(name, {"steps": [], "mu": [], "sigma": []})
@@ -45,12 +55,41 @@ def rating_history(rows: list[dict[str, Any]]) -> dict[str, dict[str, list[float
         line["sigma"].append(sigma)
 
     for row in learner_rows(rows):
+        ladder = {entry["agent"]: entry for entry in row.get(keys.POOL_LADDER, [])}
+        level = ladder[anchor]["mu"] if anchor in ladder else 0.0
         if keys.POOL_LATEST_MU in row:
-            add("latest", row[keys.STEP], row[keys.POOL_LATEST_MU], row[keys.POOL_LATEST_SIGMA])
-        for entry in row.get(keys.POOL_LADDER, []):
-            if agent_order(entry["agent"])[0] == 1 or entry["agent"] == "ckpt--1":
-                add(entry["agent"], row[keys.STEP], entry["mu"], entry["sigma"])
+            add("latest", row[keys.STEP], row[keys.POOL_LATEST_MU] - level, row[keys.POOL_LATEST_SIGMA])
+        games = games_by_agent(row.get(keys.POOL_MATCH_MATRIX, {}))
+        for agent, entry in ladder.items():
+            if (agent_order(agent)[0] == 1 or agent == "ckpt--1") and games.get(agent, 0) != played.get(agent):
+                played[agent] = games.get(agent, 0)
+                add(agent, row[keys.STEP], entry["mu"] - level, entry["sigma"])
     return history
+
+
+def rating_anchor(rows: list[dict[str, Any]]) -> str | None:
+    """The fixed opponent with the most games in the newest match matrix (None when there is none)."""
+    games = games_by_agent(latest_value(rows, keys.POOL_MATCH_MATRIX, {}))
+    fixed = [agent for agent in games if agent_order(agent)[0] == 1 and not agent.startswith("env:")]
+    return max(fixed, key=lambda agent: games[agent], default=None)
+
+
+def training_win_rate(rows: list[dict[str, Any]], opponent: str, window: int = 10) -> dict[str, list[float]]:
+    """Win rate of the learner's checkpoints in their training games against `opponent` (the newest match matrix),
+    pooled over the checkpoints of steps 1-`window`, `window`+1-2`window`, ... and placed at each group's last step."""
+    matrix = latest_value(rows, keys.POOL_MATCH_MATRIX, {})
+    groups: dict[int, list[tuple[int, dict[str, int]]]] = {}
+    for agent, cells in matrix.items():
+        kind, negative_step, _ = agent_order(agent)
+        if kind == 0 and -negative_step >= 1 and opponent in cells:
+            groups.setdefault((-negative_step - 1) // window, []).append((-negative_step, cells[opponent]))
+    curve: dict[str, list[float]] = {"steps": [], "win_rate": [], "games": []}
+    for _, group in sorted(groups.items(), key=lambda item: item[0]):
+        games = sum(cell["games"] for _, cell in group)
+        curve["steps"].append(max(step for step, _ in group))
+        curve["win_rate"].append(sum(cell["wins"] for _, cell in group) / games)
+        curve["games"].append(games)
+    return curve
 
 
 def match_matrix(rows: list[dict[str, Any]]) -> dict[str, Any]:

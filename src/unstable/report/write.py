@@ -30,14 +30,21 @@ def _pyplot():
 
 
 def plot_eval(rows: list[dict[str, Any]], path: Path) -> None:
-    """Rolling eval win rate with its 95% interval over learner steps, plus the start and end evaluations."""
+    """Rolling eval win rate with its 95% interval over learner steps, the start and end evaluations, and the
+    training games' win rate against the busiest fixed opponent."""
     plt = _pyplot()
     curve = data.eval_curve(rows)
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.fill_between(curve["steps"], curve["low"], curve["high"], alpha=0.25, label="95% Wilson interval")
-    ax.plot(curve["steps"], curve["win_rate"], marker="o", label="win rate (rolling window of eval games)")
+    if len(curve["steps"]) > 1:  # eval games ran beside training (`collector.num_eval_workers`)
+        ax.fill_between(curve["steps"], curve["low"], curve["high"], alpha=0.25, label="95% Wilson interval")
+        ax.plot(curve["steps"], curve["win_rate"], marker="o", label="win rate (rolling window of eval games)")
+    anchor = data.rating_anchor(rows)
+    training = data.training_win_rate(rows, anchor) if anchor else {"steps": []}
+    if training["steps"]:
+        label = f"training games vs {anchor} (10 checkpoints each)"
+        ax.plot(training["steps"], training["win_rate"], linestyle="--", color="tab:orange", label=label)
     final = final_row(rows)
-    last_step = max(curve["steps"], default=0)
+    last_step = max((row[keys.STEP] for row in learner_rows(rows)), default=0)
     for label, step, color in (("eval_start", 0, "tab:gray"), ("eval_end", last_step, "tab:green")):
         result = final.get(label, {})
         if result.get("games"):
@@ -47,24 +54,29 @@ def plot_eval(rows: list[dict[str, Any]], path: Path) -> None:
             name = f"{label.replace('_', ' ')} ({result['games']} games)"
             ax.errorbar([step], [rate], yerr=error, fmt="s", color=color, capsize=5, label=name)
     _step_axis(ax)
-    ax.set(ylabel="win rate vs eval opponents", ylim=(-0.02, 1.02), title="Evaluation")
+    ax.set(ylabel="win rate", ylim=(-0.02, 1.02), title="Evaluation, and training games against a fixed opponent")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
     _save(fig, path)
 
 
 def plot_ratings(rows: list[dict[str, Any]], path: Path) -> None:
-    """TrueSkill mu (band: +-1 sigma) of the latest checkpoint and of each fixed opponent over learner steps."""
+    """TrueSkill mu (band: +-1 sigma) of the latest checkpoint and of each fixed opponent over learner steps,
+    relative to the busiest fixed opponent when there is one (the ratings' common level drifts)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for agent, line in data.rating_history(rows).items():
+    anchor = data.rating_anchor(rows)
+    for agent, line in data.rating_history(rows, relative=True).items():
         low = [m - s for m, s in zip(line["mu"], line["sigma"])]
         high = [m + s for m, s in zip(line["mu"], line["sigma"])]
         label = "latest checkpoint" if agent == "latest" else "base model (ckpt--1)" if agent == "ckpt--1" else agent
-        (drawn,) = ax.plot(line["steps"], line["mu"], label=label, linewidth=2.5 if agent == "latest" else 1.5)
+        marker = "o" if len(line["steps"]) < 3 else None  # an agent that played at few steps only
+        width = 2.5 if agent == "latest" else 1.5
+        (drawn,) = ax.plot(line["steps"], line["mu"], label=label, linewidth=width, marker=marker)
         ax.fill_between(line["steps"], low, high, alpha=0.12, color=drawn.get_color(), linewidth=0)
     _step_axis(ax)
-    ax.set(ylabel="rating mu (band: ±1 sigma)", title="Ratings")
+    ylabel = f"rating mu - mu of {anchor} (band: ±1 sigma)" if anchor else "rating mu (band: ±1 sigma)"
+    ax.set(ylabel=ylabel, title="Ratings (each agent drawn at the steps it played)")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
     _save(fig, path)
@@ -191,7 +203,7 @@ def summary_markdown(run_name: str, rows: list[dict[str, Any]], images: list[str
                 f"| {label.removeprefix('eval_')} | {result['games']} | {result['win_rate']:.2f} | "
                 f"[{low:.2f}, {high:.2f}] | {result['draw_rate']:.2f} | {result['loss_rate']:.2f} |"
             )
-    if last.get(keys.EVAL_GAMES):
+    if len(data.eval_curve(rows)["steps"]) > 1:  # the rolling window saw eval games during training
         lines.append(
             f"| rolling, step {last[keys.STEP]} | {last[keys.EVAL_GAMES]} | {last[keys.EVAL_WIN_RATE]:.2f} | "
             f"[{last[keys.EVAL_WIN_LOW]:.2f}, {last[keys.EVAL_WIN_HIGH]:.2f}] | {last[keys.EVAL_DRAW_RATE]:.2f} | "

@@ -80,12 +80,13 @@ def agent_order(agent: str) -> tuple[int, int, str]:
     return (0, -int(match.group(1)), agent) if match else (1, 0, agent)
 
 
+def games_by_agent(matrix: dict[str, dict[str, dict[str, Any]]]) -> dict[str, int]:
+    """Each agent's games in a `pool/match_matrix` (its row's cells; a game between two agents fills both rows)."""
+    return {agent: sum(cell["games"] for cell in opponents.values()) for agent, opponents in matrix.items()}
+
+
 def busiest_agents(matrix: dict[str, dict[str, dict[str, Any]]], limit: int) -> list[str]:
     """The `limit` agents with the most games in a `pool/match_matrix`, in `agent_order`."""
-    games: dict[str, int] = {}
-    for agent, opponents in matrix.items():
-        for opponent, cell in opponents.items():
-            games[agent] = games.get(agent, 0) + cell["games"]
-            games[opponent] = games.get(opponent, 0) + cell["games"]
+    games = games_by_agent(matrix)
     busiest = sorted(games, key=lambda agent: -games[agent])[:limit]
     return sorted(busiest, key=agent_order)
