@@ -133,6 +133,20 @@ def test_new_checkpoint_inherits_parent_mu_with_wider_sigma():
     assert pool.ratings.get(pool.add_checkpoint("/ckpt/2", 2).uid).sigma == Rating().sigma
 
 
+def test_an_anchor_keeps_its_rating_and_the_others_are_measured_against_it():
+    pool = ModelPool(PoolConfig(sample_mode="fixed", fixed_opponents=["random"], rating_anchor="random"))
+    for k in range(20):  # a chain of checkpoints, each a little better than random: no drift downwards
+        pool.add_checkpoint(f"/ckpt/{k}", k)
+        for game in range(10):
+            rewards = {0: 1.0, 1: -1.0} if game % 3 else {0: -1.0, 1: 1.0}
+            pool.record_game(_record({0: f"ckpt-{k}", 1: "random"}, rewards))
+    assert pool.ratings.get("random") == Rating()
+    assert pool.ratings.get("ckpt-19").mu > 25.0
+    assert pool.ratings.win_probability("ckpt-19", "random") > 0.6
+    with pytest.raises(ValueError, match="rating_anchor 'minimax' must be one of fixed_opponents"):
+        PoolConfig(fixed_opponents=["random"], rating_anchor="minimax")
+
+
 def _record(players, rewards, env_id="Game-v0"):
     return GameRecord(env_id, 0, players, (), rewards)
 

@@ -21,6 +21,12 @@ class PoolConfig(Settings):
     lag: int = Field(1, ge=1, description="sample_mode 'lagged': checkpoints before the latest to draw from")
     beta: float = Field(4.0, gt=0, description="rating performance noise; also the scale of 'ts-dist'")
     rating_backend: str = "trueskill"
+    rating_anchor: str | None = Field(
+        None,
+        description="a fixed opponent whose rating is never updated: the others are measured against a fixed "
+        "reference. Without one the common level drifts (new checkpoints start from their parent's rating and "
+        "take points from opponents that never change), so ratings of different times do not compare",
+    )
 
     @field_validator("sample_mode")
     @classmethod
@@ -36,6 +42,14 @@ class PoolConfig(Settings):
     def _fixed_needs_opponents(self) -> PoolConfig:
         if self.sample_mode == "fixed" and not self.fixed_opponents:
             raise ValueError("sample_mode 'fixed' needs at least one entry in fixed_opponents")
+        return self
+
+    @model_validator(mode="after")
+    def _anchor_is_fixed(self) -> PoolConfig:
+        if self.rating_anchor is not None and self.rating_anchor not in self.fixed_opponents:
+            raise ValueError(
+                f"rating_anchor {self.rating_anchor!r} must be one of fixed_opponents {self.fixed_opponents}"
+            )
         return self
 
     @model_validator(mode="after")

@@ -26,7 +26,8 @@ class ModelPool:
 
     def __init__(self, cfg: PoolConfig | None = None, *, seed: int = 0):
         self.cfg = cfg or PoolConfig()
-        self.ratings = RatingSystem(self.cfg.rating_backend, beta=self.cfg.beta)
+        anchors = frozenset([self.cfg.rating_anchor] if self.cfg.rating_anchor else [])
+        self.ratings = RatingSystem(self.cfg.rating_backend, beta=self.cfg.beta, anchors=anchors)
         self.matches = MatchMatrix()
         self.fixed_opponents = [parse_opponent(name) for name in self.cfg.fixed_opponents]
         self.checkpoints: list[Checkpoint] = []

@@ -30,12 +30,14 @@ class Rating:
 
 class RatingSystem:
     """Rates free-for-all results; `backend` is 'trueskill' (`trueskill.TrueSkill(beta=beta)`) or 'openskill'
-    (Plackett-Luce with the same beta). `beta` is the performance noise: a skill gap of beta wins ~76%."""
+    (Plackett-Luce with the same beta). `beta` is the performance noise: a skill gap of beta wins ~76%. Agents in
+    `anchors` keep their rating whatever their results: the fixed reference the others are measured against."""
 
-    def __init__(self, backend: str = "trueskill", beta: float = 4.0):
+    def __init__(self, backend: str = "trueskill", beta: float = 4.0, anchors: frozenset[str] = frozenset()):
         check_registered(backend, RATING_BACKENDS, "rating backend")
         self.backend = backend
         self.beta = beta
+        self.anchors = anchors
         self.ratings: dict[str, Rating] = {}
         if backend == "openskill":
             from openskill.models import PlackettLuce
@@ -78,7 +80,8 @@ class RatingSystem:
             new = self._model.rate(groups, ranks=ranks)
             updated = [Rating(g[0].mu, g[0].sigma) for g in new]
         for agent_id, rating in zip(ids, updated):
-            self.ratings[agent_id] = rating
+            if agent_id not in self.anchors:
+                self.ratings[agent_id] = rating
 
     def win_probability(self, a: str, b: str) -> float:
         """P(a beats b) = Phi((mu_a - mu_b) / sqrt(2 beta^2 + sigma_a^2 + sigma_b^2))."""
