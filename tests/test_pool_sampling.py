@@ -140,7 +140,7 @@ def test_an_anchor_keeps_its_rating_and_the_others_are_measured_against_it():
         for game in range(10):
             rewards = {0: 1.0, 1: -1.0} if game % 3 else {0: -1.0, 1: 1.0}
             pool.record_game(_record({0: f"ckpt-{k}", 1: "random"}, rewards))
-    assert pool.ratings.get("random") == Rating()
+    assert pool.ratings.get("random") == Rating(25.0, 1.0)
     assert pool.ratings.get("ckpt-19").mu > 25.0
     assert pool.ratings.win_probability("ckpt-19", "random") > 0.6
     with pytest.raises(ValueError, match="rating_anchor 'minimax' must be one of fixed_opponents"):

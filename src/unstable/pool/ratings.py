@@ -13,6 +13,7 @@ from unstable.settings import check_registered
 RATING_BACKENDS = ("openskill", "trueskill")
 DEFAULT_MU = 25.0
 DEFAULT_SIGMA = 25.0 / 3.0
+ANCHOR_SIGMA = 1.0  # an anchor's skill is the scale's zero point, known rather than estimated
 
 
 @dataclass(frozen=True)
@@ -31,14 +32,15 @@ class Rating:
 class RatingSystem:
     """Rates free-for-all results; `backend` is 'trueskill' (`trueskill.TrueSkill(beta=beta)`) or 'openskill'
     (Plackett-Luce with the same beta). `beta` is the performance noise: a skill gap of beta wins ~76%. Agents in
-    `anchors` keep their rating whatever their results: the fixed reference the others are measured against."""
+    `anchors` hold the rating (DEFAULT_MU, ANCHOR_SIGMA) whatever their results: the fixed reference the others are
+    measured against (a small sigma, so that a game against it is judged on the performance noise beta alone)."""
 
     def __init__(self, backend: str = "trueskill", beta: float = 4.0, anchors: frozenset[str] = frozenset()):
         check_registered(backend, RATING_BACKENDS, "rating backend")
         self.backend = backend
         self.beta = beta
         self.anchors = anchors
-        self.ratings: dict[str, Rating] = {}
+        self.ratings: dict[str, Rating] = {agent: Rating(DEFAULT_MU, ANCHOR_SIGMA) for agent in anchors}
         if backend == "openskill":
             from openskill.models import PlackettLuce
 
