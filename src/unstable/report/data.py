@@ -68,9 +68,10 @@ def rating_history(rows: list[dict[str, Any]], relative: bool = False) -> dict[s
 
 
 def rating_anchor(rows: list[dict[str, Any]]) -> str | None:
-    """The fixed opponent with the most games in the newest match matrix (None when there is none)."""
+    """The rated fixed opponent with the most games in the newest match matrix (None when there is none)."""
     games = games_by_agent(latest_value(rows, keys.POOL_MATCH_MATRIX, {}))
-    fixed = [agent for agent in games if agent_order(agent)[0] == 1 and not agent.startswith("env:")]
+    rated = {entry["agent"] for entry in latest_value(rows, keys.POOL_LADDER, [])}
+    fixed = [agent for agent in games if agent_order(agent)[0] == 1 and agent in rated and not agent.startswith("env:")]
     return max(fixed, key=lambda agent: games[agent], default=None)
 
 
