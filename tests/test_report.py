@@ -41,9 +41,9 @@ def test_plot_data_are_the_jsonl_values():
     assert ratings["tictactoe-minimax"]["sigma"] == [entry["sigma"] for entry in minimax]
     assert ratings["tictactoe-minimax"]["steps"] == [row[keys.STEP] for row in played]
     assert not any(name.startswith("ckpt-1") for name in ratings)  # past checkpoints are not drawn
-    anchor = data.rating_anchor(rows)
-    relative = data.rating_history(rows, relative=True)
-    levels = [next(e["mu"] for e in row[keys.POOL_LADDER] if e["agent"] == anchor) for row in learner]
+    reference = data.reference_opponent(rows)
+    relative = data.rating_history(rows, relative_to=reference)
+    levels = [next(e["mu"] for e in row[keys.POOL_LADDER] if e["agent"] == reference) for row in learner]
     assert relative["latest"]["mu"] == pytest.approx(
         [row[keys.POOL_LATEST_MU] - lv for row, lv in zip(learner, levels)]
     )

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from unstable.dashboard.system import Gauge
 from unstable.tracking import keys
-from unstable.tracking.history import busiest_agents, final_row, latest_value, learner_rows, series
+from unstable.tracking.history import busiest_agents, eval_window_rows, final_row, latest_value, learner_rows, series
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 HEATMAP_AGENTS = 6  # the match heatmap shows the agents with the most games, up to this many
@@ -219,7 +219,7 @@ def evaluation(rows: list[dict[str, Any]]) -> Panel:
         table.add_row("", interval_bar(low, win, high))
     else:
         table.add_row("recent games", "no eval games yet")
-    _, wins = series(rows, keys.EVAL_WIN_RATE)
+    wins = [row[keys.EVAL_WIN_RATE] for row in eval_window_rows(rows)]
     table.add_row("win trend", trend(wins, 30, ".2f", "cyan"))
     final = final_row(rows)
     for label in ("eval_start", "eval_end"):

@@ -5,7 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from unstable.tracking import keys
-from unstable.tracking.history import agent_order, busiest_agents, games_by_agent, latest_value, learner_rows, series
+from unstable.tracking.history import (
+    agent_order,
+    busiest_agents,
+    eval_window_rows,
+    games_by_agent,
+    latest_value,
+    learner_rows,
+    series,
+)
 
 LOSS_KEYS = (
     keys.LOSS,
@@ -22,14 +30,8 @@ MATRIX_AGENTS = 10  # the heatmap shows the agents with the most games, up to th
 
 
 def eval_curve(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
-    """Rolling eval win rate with its 95% Wilson interval at each learner step whose window holds eval games that
-    the previous point's did not (a window that only repeats the start evaluation adds no point)."""
-    with_games, seen = [], -1
-    for row in learner_rows(rows):
-        total = row.get(keys.TOTAL_EVAL_GAMES, seen + 1)
-        if row.get(keys.EVAL_GAMES) and total > seen:
-            with_games.append(row)
-            seen = total
+    """Rolling eval win rate with its 95% Wilson interval at each learner step whose window holds new eval games."""
+    with_games = eval_window_rows(rows)
     return {
         "steps": [row[keys.STEP] for row in with_games],
         "win_rate": [row[keys.EVAL_WIN_RATE] for row in with_games],
@@ -39,13 +41,12 @@ def eval_curve(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
     }
 
 
-def rating_history(rows: list[dict[str, Any]], relative: bool = False) -> dict[str, dict[str, list[float]]]:
+def rating_history(rows: list[dict[str, Any]], relative_to: str | None = None) -> dict[str, dict[str, list[float]]]:
     """For the latest checkpoint (as `latest`, at every learner step) and every agent that is not a later
     checkpoint (fixed opponents, the base model `ckpt--1`; at the steps by which it had played more games): its
-    TrueSkill mu and sigma. With `relative`, mu minus that step's mu of `rating_anchor(rows)`: ratings only
-    compare agents, and their common level drifts as new checkpoints join."""
+    TrueSkill mu and sigma. With `relative_to` an agent (see `reference_opponent`), mu minus that agent's mu at the
+    same step: ratings only compare agents, and their common level drifts as new checkpoints join."""
     history: dict[str, dict[str, list[float]]] = {}
-    anchor = rating_anchor(rows) if relative else None
     played: dict[str, int] = {}
 
     def add(name: str, step: int, mu: float, sigma: float) -> None:
@@ -56,7 +57,7 @@ def rating_history(rows: list[dict[str, Any]], relative: bool = False) -> dict[s
 
     for row in learner_rows(rows):
         ladder = {entry["agent"]: entry for entry in row.get(keys.POOL_LADDER, [])}
-        level = ladder[anchor]["mu"] if anchor in ladder else 0.0
+        level = ladder[relative_to]["mu"] if relative_to in ladder else 0.0
         if keys.POOL_LATEST_MU in row:
             add("latest", row[keys.STEP], row[keys.POOL_LATEST_MU] - level, row[keys.POOL_LATEST_SIGMA])
         games = games_by_agent(row.get(keys.POOL_MATCH_MATRIX, {}))
@@ -67,7 +68,7 @@ def rating_history(rows: list[dict[str, Any]], relative: bool = False) -> dict[s
     return history
 
 
-def rating_anchor(rows: list[dict[str, Any]]) -> str | None:
+def reference_opponent(rows: list[dict[str, Any]]) -> str | None:
     """The rated fixed opponent with the most games in the newest match matrix (None when there is none)."""
     games = games_by_agent(latest_value(rows, keys.POOL_MATCH_MATRIX, {}))
     rated = {entry["agent"] for entry in latest_value(rows, keys.POOL_LADDER, [])}

@@ -38,10 +38,10 @@ def plot_eval(rows: list[dict[str, Any]], path: Path) -> None:
     if len(curve["steps"]) > 1:  # eval games ran beside training (`collector.num_eval_workers`)
         ax.fill_between(curve["steps"], curve["low"], curve["high"], alpha=0.25, label="95% Wilson interval")
         ax.plot(curve["steps"], curve["win_rate"], marker="o", label="win rate (rolling window of eval games)")
-    anchor = data.rating_anchor(rows)
-    training = data.training_win_rate(rows, anchor) if anchor else {"steps": []}
+    reference = data.reference_opponent(rows)
+    training = data.training_win_rate(rows, reference) if reference else {"steps": []}
     if training["steps"]:
-        label = f"training games vs {anchor} (10 checkpoints each)"
+        label = f"training games vs {reference} (10 checkpoints each)"
         ax.plot(training["steps"], training["win_rate"], linestyle="--", color="tab:orange", label=label)
     final = final_row(rows)
     last_step = max((row[keys.STEP] for row in learner_rows(rows)), default=0)
@@ -65,8 +65,8 @@ def plot_ratings(rows: list[dict[str, Any]], path: Path) -> None:
     relative to the busiest fixed opponent when there is one (the ratings' common level drifts)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    anchor = data.rating_anchor(rows)
-    for agent, line in data.rating_history(rows, relative=True).items():
+    reference = data.reference_opponent(rows)
+    for agent, line in data.rating_history(rows, relative_to=reference).items():
         low = [m - s for m, s in zip(line["mu"], line["sigma"])]
         high = [m + s for m, s in zip(line["mu"], line["sigma"])]
         label = "latest checkpoint" if agent == "latest" else "base model (ckpt--1)" if agent == "ckpt--1" else agent
@@ -75,7 +75,7 @@ def plot_ratings(rows: list[dict[str, Any]], path: Path) -> None:
         (drawn,) = ax.plot(line["steps"], line["mu"], label=label, linewidth=width, marker=marker)
         ax.fill_between(line["steps"], low, high, alpha=0.12, color=drawn.get_color(), linewidth=0)
     _step_axis(ax)
-    ylabel = f"rating mu - mu of {anchor} (band: ±1 sigma)" if anchor else "rating mu (band: ±1 sigma)"
+    ylabel = f"rating mu - mu of {reference} (band: ±1 sigma)" if reference else "rating mu (band: ±1 sigma)"
     ax.set(ylabel=ylabel, title="Ratings (each agent drawn at the steps it played)")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)

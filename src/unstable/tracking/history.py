@@ -58,6 +58,18 @@ def learner_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [row for row in rows if keys.STEP in row]
 
 
+def eval_window_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The learner rows whose rolling eval window holds eval games that the previous such row's did not (a window
+    that only repeats earlier games, such as the start evaluation's, is not a new measurement)."""
+    fresh, seen = [], -1
+    for row in learner_rows(rows):
+        total = row.get(keys.TOTAL_EVAL_GAMES, seen + 1)
+        if row.get(keys.EVAL_GAMES) and total > seen:
+            fresh.append(row)
+            seen = total
+    return fresh
+
+
 def series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
     """`(steps, values)` of a numeric metric over the learner rows that hold it."""
     points = [(row[keys.STEP], row[key]) for row in learner_rows(rows) if isinstance(row.get(key), Real)]
