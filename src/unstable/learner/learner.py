@@ -46,10 +46,9 @@ class Learner:
         if self.optimizer is not None:
             return
         self.policy.load()
-        self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=self.cfg.learning_rate)
+        rate = self.cfg.learning_rate  # "base_lr": the rate `lr_schedule` scales (see _schedule_learning_rate)
+        self.optimizer = torch.optim.AdamW([{"params": self.policy.trainable_parameters(), "base_lr": rate}], lr=rate)
         self.algorithm.initialize(self)
-        for group in self.optimizer.param_groups:
-            group.setdefault("base_lr", group["lr"])
 
     # ---- TrainablePolicy: what the algorithm sees -----------------------------------------------------------
     @property
