@@ -76,8 +76,10 @@ class Collector:
                     start(kind)
             waiting = 0  # training slots left empty while the buffer is full
             while in_flight or waiting:
-                done = wait(in_flight, timeout=0.2, return_when=FIRST_COMPLETED)[0] if in_flight else set()
-                if not in_flight:
+                if in_flight:
+                    done = wait(in_flight, timeout=0.2, return_when=FIRST_COMPLETED)[0]
+                else:  # every training slot waits for the buffer
+                    done = set()
                     self._stop.wait(0.2)
                 stopping = self._stopping()  # one question per round, however many games finished
                 for future in done:
