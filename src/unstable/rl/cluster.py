@@ -4,16 +4,25 @@ Each process collects and trains on its own episodes; after every backward pass 
 across processes (`mean_grads`) and every process takes the same number of optimizer steps (`max_int` on the
 minibatch counts), so the weights stay identical without wrapping the agent in DDP. Without Accelerate (or
 under one process) every call here is a no-op.
+
+At exit (`close`, registered with `atexit`) the process group is destroyed and Gloo's worker threads get a moment
+with the interpreter still alive: a thread that frees a finished collective's
+tensors needs the GIL, and one that asks for it once the interpreter is shutting down aborts the process
+(SIGABRT, "terminate called without an active exception") after training already finished.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import time
 from collections.abc import Iterable
 
 import torch
 
 from unstable.rl.config import ACCELERATE_MODES
+
+GLOO_RELEASE_SECONDS = 0.2
 
 
 def launched_by_accelerate() -> bool:
@@ -32,6 +41,7 @@ class Cluster:
             from accelerate import Accelerator
 
             self.accelerator = Accelerator(cpu=device == "cpu")
+            atexit.register(self.close)
         self.device = self.accelerator.device if self.accelerator else torch.device(device)
 
     @property
@@ -64,6 +74,13 @@ class Cluster:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
             param.grad.copy_(self.accelerator.reduce(param.grad, reduction="mean"))
+
+    def close(self) -> None:
+        """Destroy the process group, if one was started (no collective: a failed process must not wait for the
+        others); safe to call again."""
+        if self.num_processes > 1 and torch.distributed.is_initialized():
+            self.accelerator.end_training()
+            time.sleep(GLOO_RELEASE_SECONDS)  # releases the GIL: Gloo's threads free the last collectives' tensors
 
     def wait_for_everyone(self) -> None:
         """Barrier: return once every process got here."""
