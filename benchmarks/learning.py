@@ -75,6 +75,7 @@ class Settings:
     threads: int = os.cpu_count() or 1  # SFT and evaluation; in RL the learner and inference get half each
     finetune: str = "full"
     train_opponent: str = "random"  # half the RL games against this scripted agent; "mirror": self-play only
+    self_play: bool = True  # False: every RL game against --train-opponent (pool sample_mode fixed), none mirrored
     sample_mode: str = ""  # a pool sampling mode: population play among the learner's checkpoints (overrides the above)
     pool_size: int = 4  # with --sample-mode: checkpoints kept active (lagged: the pool_size - 1 before the latest)
     temperature: float = 1.0
@@ -143,6 +144,8 @@ class Settings:
             return {"sample_mode": self.sample_mode, "max_active_lora": self.pool_size, **lag}
         if self.train_opponent == "mirror":
             return {"sample_mode": "mirror"}
+        if not self.self_play:
+            return {"sample_mode": "fixed", "fixed_opponents": [self.train_opponent], "max_active_lora": 1}
         # each game draws the newest checkpoint (mirror self-play) or the scripted agent, with equal odds
         return {"sample_mode": "random", "fixed_opponents": [self.train_opponent], "max_active_lora": 1}
 
@@ -153,6 +156,8 @@ class Settings:
             return f"population play, sample_mode {self.sample_mode} over {self.pool_size} checkpoints"
         if self.train_opponent == "mirror":
             return "mirror self-play"
+        if not self.self_play:
+            return f"every game against {self.train_opponent}"
         return f"half mirror self-play, half against {self.train_opponent}"
 
     @property
@@ -454,7 +459,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
     parser.add_argument("--algorithm", default="reinforce", choices=rl_algorithms)
     parser.add_argument("--all-algorithms", action="store_true", help="run every RL algorithm in ALGORITHMS")
     for f in fields(Settings):
-        parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
+        flag = f"--{f.name.replace('_', '-')}"
+        if isinstance(f.default, bool):  # --self-play / --no-self-play
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        else:
+            parser.add_argument(flag, type=type(f.default), default=f.default)
     args = parser.parse_args(argv)
     settings = Settings(**{f.name: getattr(args, f.name) for f in fields(Settings)})
     return settings, rl_algorithms if args.all_algorithms else [args.algorithm]
