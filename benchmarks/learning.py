@@ -5,8 +5,9 @@ it learns the answer format and, at best, which moves are legal, but no strategy
 random agent and minimax, trained with `unstable.runtime.train` against the pool (by default half the games
 mirror self-play, half against the random agent; `--train-opponent mirror` for self-play only; Reinforce with the
 recipe's KL penalty to the warm start, `RECIPE_ARGS`), and evaluated again at saved checkpoints. Kuhn Poker
-(`KuhnPoker-v0-single`: one hand per game, rewarded in chips): the same warm start and training, with the exact
-exploitability of the model's policy measured at saved checkpoints.
+(`KuhnPoker-v0-single`: one hand per game, rewarded in chips): the same warm start (`--kuhn-sft-agent kuhn-nash`:
+on the equilibrium's moves instead) and training, with the exact exploitability of the model's policy measured at
+saved checkpoints.
 
 Writes `learning.json` and one `learning-<algorithm>.png` per algorithm under `--out-dir` (checkpoints go to
 `--runs-dir`) and prints a table.
@@ -98,6 +99,7 @@ class Settings:
     select_window: int = 0  # > 0: evaluate the best checkpoint by training games vs the scripted agent (see select)
     warm_runs_dir: str = ""  # reuse the SFT warm starts saved under this --runs-dir (per seed) when present
     kuhn_sft_games: int = 400
+    kuhn_sft_agent: str = "random"  # the scripted agent whose moves (both seats) the Kuhn warm start imitates
     kuhn_rl_steps: int = 60
     eval_games: int = 400  # per opponent: 95% intervals about +-0.05
     curve_points: int = 4
@@ -108,6 +110,7 @@ class Settings:
             raise ValueError(f"--finetune must be 'full' or 'lora', got {self.finetune!r}")
         if self.train_opponent != "mirror":
             make_scripted_agent(self.train_opponent, seed=0)  # an unknown name fails before any training
+        make_scripted_agent(self.kuhn_sft_agent, seed=0)
         if self.baseline not in ("env", "observation"):
             raise ValueError(f"--baseline must be 'env' or 'observation', got {self.baseline!r}")
         if not set(self.game_names) <= {"tictactoe", "kuhn"}:
@@ -173,8 +176,8 @@ def lora_cfg(s: Settings) -> dict[str, Any]:
     return {"lora_rank": s.lora_rank, "lora_alpha": 2 * s.lora_rank, "target_modules": LORA_TARGETS}
 
 
-def warm_start(spec: EnvSpec, games: int, model: str, s: Settings) -> dict[str, Any]:
-    """SFT on random-vs-random moves of `spec`; returns the checkpoint path and the seconds it took."""
+def warm_start(spec: EnvSpec, games: int, agent: str, model: str, s: Settings) -> dict[str, Any]:
+    """SFT on the moves of `agent` playing itself in `spec`; returns the checkpoint path and the seconds it took."""
     from transformers import AutoTokenizer
 
     start = time.time()
@@ -183,7 +186,7 @@ def warm_start(spec: EnvSpec, games: int, model: str, s: Settings) -> dict[str, 
     if reuse:
         print(f"  sft {spec.env_id}: reusing {reuse[-1]}", flush=True)
         return {"checkpoint": str(reuse[-1]), "moves": None, "seconds": 0.0, "reused": True}
-    steps = generate_sft_steps(spec, ["random", "random"], games, AutoTokenizer.from_pretrained(model), seed=s.seed)
+    steps = generate_sft_steps(spec, [agent, agent], games, AutoTokenizer.from_pretrained(model), seed=s.seed)
     cfg = LearnerConfig(
         batch_size=s.sft_batch_size,
         learning_rate=s.sft_lr,
@@ -471,9 +474,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
 
 def run_seed(s: Settings, algorithms: list[str], model: str, infosets, save) -> dict[str, Any]:
     """Warm start, then RL with each algorithm, for `s.seed`; `save()` is called after each algorithm."""
-    print(f"seed {s.seed}: warm start, SFT on random-vs-random moves", flush=True)
-    sft_games = {"tictactoe": s.sft_games, "kuhn": s.kuhn_sft_games}
-    warm = {game: warm_start(SPECS[game], sft_games[game], model, s) for game in s.game_names}
+    print(f"seed {s.seed}: warm start, SFT on scripted moves", flush=True)
+    sft = {"tictactoe": (s.sft_games, "random"), "kuhn": (s.kuhn_sft_games, s.kuhn_sft_agent)}
+    warm = {game: warm_start(SPECS[game], *sft[game], model, s) for game in s.game_names}
     for game, result in warm.items():
         spec = SPECS[game]
         result["eval"] = evaluate_at(spec, model, result["checkpoint"], OPPONENTS[spec], s.eval_games, s)
