@@ -2,12 +2,12 @@
 
 TicTacToe: the tiny model is warm-started by SFT on the moves of the random agent (random vs random games, so
 it learns the answer format and, at best, which moves are legal, but no strategy), evaluated against the
-random agent and minimax, trained with `unstable.runtime.train` against the pool (by default half the games
-mirror self-play, half against the random agent; `--train-opponent mirror` for self-play only; Reinforce with the
-recipe's KL penalty to the warm start, `RECIPE_ARGS`), and evaluated again at saved checkpoints. Kuhn Poker
-(`KuhnPoker-v0-single`: one hand per game, rewarded in chips): the same warm start (`--kuhn-sft-agent kuhn-nash`:
-on the equilibrium's moves instead) and training, with the exact exploitability of the model's policy measured at
-saved checkpoints.
+random agent and minimax, trained with `unstable.runtime.train` against the pool (by default every game against the
+random agent; `--self-play` for half the games mirror self-play, `--train-opponent mirror` for self-play only;
+Reinforce with the recipe's KL penalty to the warm start, `RECIPE_ARGS`), and evaluated again at saved checkpoints.
+Kuhn Poker (`KuhnPoker-v0-single`: one hand per game, rewarded in chips): warm-started by SFT on the equilibrium's
+moves (`--kuhn-sft-agent random` for random moves, from which every RL variant stayed card-blind), trained by mirror
+self-play (`--kuhn-train-opponent`), with the exact exploitability of the model's policy measured at saved checkpoints.
 
 Writes `learning.json` and one `learning-<algorithm>.png` per algorithm under `--out-dir` (checkpoints go to
 `--runs-dir`) and prints a table.
@@ -75,8 +75,8 @@ class Settings:
     seeds: int = 3  # independent runs (warm start, RL, evaluation) with seeds seed, seed+1, ...
     threads: int = os.cpu_count() or 1  # SFT and evaluation; in RL the learner and inference get half each
     finetune: str = "full"
-    train_opponent: str = "random"  # half the RL games against this scripted agent; "mirror": self-play only
-    self_play: bool = True  # False: every RL game against --train-opponent (pool sample_mode fixed), none mirrored
+    train_opponent: str = "random"  # TicTacToe's RL games are against this scripted agent; "mirror": self-play only
+    self_play: bool = False  # True: half the RL games against the opponent, half mirror self-play (both games)
     sample_mode: str = ""  # a pool sampling mode: population play among the learner's checkpoints (overrides the above)
     pool_size: int = 4  # with --sample-mode: checkpoints kept active (lagged: the pool_size - 1 before the latest)
     temperature: float = 1.0
@@ -99,7 +99,8 @@ class Settings:
     select_window: int = 0  # > 0: evaluate the best checkpoint by training games vs the scripted agent (see select)
     warm_runs_dir: str = ""  # reuse the SFT warm starts saved under this --runs-dir (per seed) when present
     kuhn_sft_games: int = 400
-    kuhn_sft_agent: str = "random"  # the scripted agent whose moves (both seats) the Kuhn warm start imitates
+    kuhn_sft_agent: str = "kuhn-nash"  # the scripted agent whose moves (both seats) the Kuhn warm start imitates
+    kuhn_train_opponent: str = "mirror"  # as --train-opponent, for Kuhn Poker
     kuhn_rl_steps: int = 60
     eval_games: int = 400  # per opponent: 95% intervals about +-0.05
     curve_points: int = 4
@@ -108,16 +109,16 @@ class Settings:
     def __post_init__(self):
         if self.finetune not in ("full", "lora"):
             raise ValueError(f"--finetune must be 'full' or 'lora', got {self.finetune!r}")
-        if self.train_opponent != "mirror":
-            make_scripted_agent(self.train_opponent, seed=0)  # an unknown name fails before any training
-        make_scripted_agent(self.kuhn_sft_agent, seed=0)
+        for agent in (self.train_opponent, self.kuhn_train_opponent, self.kuhn_sft_agent):
+            if agent != "mirror":
+                make_scripted_agent(agent, seed=0)  # an unknown name fails before any training
         if self.baseline not in ("env", "observation"):
             raise ValueError(f"--baseline must be 'env' or 'observation', got {self.baseline!r}")
         if not set(self.game_names) <= {"tictactoe", "kuhn"}:
             raise ValueError(f"--games must name tictactoe and/or kuhn, got {self.games!r}")
         json.loads(self.algorithm_args or "{}")  # malformed JSON fails before any training
         if self.sample_mode:
-            PoolConfig(**self.pool)  # an unknown mode or a bad pool size fails before any training
+            PoolConfig(**self.pool(TICTACTOE))  # an unknown mode or a bad pool size fails before any training
             if self.full:
                 raise ValueError("--sample-mode plays past checkpoints, which needs --finetune lora")
 
@@ -139,29 +140,32 @@ class Settings:
         """(model path, adapter) that load `checkpoint`: a full model directory, or an adapter on `model`."""
         return (checkpoint, None) if self.full else (model, checkpoint)
 
-    @property
-    def pool(self) -> dict[str, Any]:
-        """The RL runs' pool section."""
+    def opponent(self, spec: EnvSpec) -> str:
+        """The scripted agent `spec`'s RL games are played against ("mirror": none, self-play only)."""
+        return self.kuhn_train_opponent if spec == KUHN else self.train_opponent
+
+    def pool(self, spec: EnvSpec) -> dict[str, Any]:
+        """The pool section of `spec`'s RL runs."""
+        opponent = self.opponent(spec)
         if self.sample_mode:
             lag = {"lag": self.pool_size - 1} if self.sample_mode == "lagged" else {}
             return {"sample_mode": self.sample_mode, "max_active_lora": self.pool_size, **lag}
-        if self.train_opponent == "mirror":
+        if opponent == "mirror":
             return {"sample_mode": "mirror"}
-        if not self.self_play:
-            return {"sample_mode": "fixed", "fixed_opponents": [self.train_opponent], "max_active_lora": 1}
-        # each game draws the newest checkpoint (mirror self-play) or the scripted agent, with equal odds
-        return {"sample_mode": "random", "fixed_opponents": [self.train_opponent], "max_active_lora": 1}
+        if self.self_play:  # each game draws the newest checkpoint (mirror) or the scripted agent, with equal odds
+            return {"sample_mode": "random", "fixed_opponents": [opponent], "max_active_lora": 1}
+        return {"sample_mode": "fixed", "fixed_opponents": [opponent], "max_active_lora": 1}
 
-    @property
-    def opponents_label(self) -> str:
-        """Who the RL games are played against, in words."""
+    def opponents_label(self, spec: EnvSpec) -> str:
+        """Who `spec`'s RL games are played against, in words."""
+        opponent = self.opponent(spec)
         if self.sample_mode:
             return f"population play, sample_mode {self.sample_mode} over {self.pool_size} checkpoints"
-        if self.train_opponent == "mirror":
+        if opponent == "mirror":
             return "mirror self-play"
-        if not self.self_play:
-            return f"every game against {self.train_opponent}"
-        return f"half mirror self-play, half against {self.train_opponent}"
+        if self.self_play:
+            return f"half mirror self-play, half against {opponent}"
+        return f"every game against {opponent}"
 
     @property
     def inference(self) -> InferenceConfig:
@@ -181,7 +185,8 @@ def warm_start(spec: EnvSpec, games: int, agent: str, model: str, s: Settings) -
     from transformers import AutoTokenizer
 
     start = time.time()
-    saved = Path(s.warm_runs_dir, f"seed-{s.seed}", f"sft-{spec.env_id}", "checkpoints")
+    name = f"sft-{spec.env_id}" if agent == "random" else f"sft-{spec.env_id}-{agent}"
+    saved = Path(s.warm_runs_dir, f"seed-{s.seed}", name, "checkpoints")
     reuse = sorted(saved.glob("ckpt-*")) if s.warm_runs_dir else []
     if reuse:
         print(f"  sft {spec.env_id}: reusing {reuse[-1]}", flush=True)
@@ -197,7 +202,7 @@ def warm_start(spec: EnvSpec, games: int, agent: str, model: str, s: Settings) -
         model,
         steps,
         cfg,
-        out_dir=str(Path(s.runs_dir) / f"sft-{spec.env_id}"),
+        out_dir=str(Path(s.runs_dir) / name),
         epochs=s.sft_epochs,
         seed=s.seed,
         on_epoch=lambda row: print(f"  sft {spec.env_id} epoch {row['epoch']}: loss {row['loss']:.4f}", flush=True),
@@ -224,7 +229,7 @@ def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, 
             # the group baseline needs groups: each game branches into G continuations at one decision
             "group_size": s.group_size if algorithm == "group_baseline" else 1,
         },
-        "pool": s.pool,
+        "pool": s.pool(spec),
         "buffer": {
             "max_buffer_size": 2 * s.rl_batch_size,
             # the env's own rewards: TicTacToe +1/0/-1, single-hand Kuhn Poker the chips won (+-1, +-2)
@@ -255,6 +260,7 @@ def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, 
 
 def train_rl(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, s: Settings) -> dict[str, Any]:
     """Run RL; returns the run directory, a checkpoint path per step, the training rows and the seconds."""
+    print(f"  {spec.env_id}: {algorithm}, {s.opponents_label(spec)}", flush=True)
     start = time.time()
     rows: list[dict[str, Any]] = []
     summary = train(validate_config(rl_config(spec, algorithm, warm, steps, model, s)), on_row=rows.append)
@@ -484,7 +490,7 @@ def run_seed(s: Settings, algorithms: list[str], model: str, infosets, save) -> 
         warm["kuhn"]["exploitability"] = warm["kuhn"]["eval"]["kuhn"]["exploitability"]
     run = {"warm_start": warm, "algorithms": {}}
     for algorithm in algorithms:
-        print(f"seed {s.seed}: RL with {algorithm}, {s.opponents_label}", flush=True)
+        print(f"seed {s.seed}: RL with {algorithm}", flush=True)
         result = {}
         if "tictactoe" in warm:
             result["tictactoe"] = tictactoe(algorithm, warm["tictactoe"], model, s)
