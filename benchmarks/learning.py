@@ -75,8 +75,10 @@ class Settings:
     seeds: int = 3  # independent runs (warm start, RL, evaluation) with seeds seed, seed+1, ...
     threads: int = os.cpu_count() or 1  # SFT and evaluation; in RL the learner and inference get half each
     finetune: str = "full"
-    train_opponent: str = "random"  # TicTacToe's RL games are against this scripted agent; "mirror": self-play only
-    self_play: bool = False  # True: half the RL games against the opponent, half mirror self-play (both games)
+    # TicTacToe's RL games are against these scripted agents (comma-separated, drawn with equal odds per game);
+    # "mirror": self-play only
+    train_opponent: str = "random"
+    self_play: bool = False  # True: the newest checkpoint (mirror self-play) is drawn as one more opponent
     sample_mode: str = ""  # a pool sampling mode: population play among the learner's checkpoints (overrides the above)
     pool_size: int = 4  # with --sample-mode: checkpoints kept active (lagged: the pool_size - 1 before the latest)
     temperature: float = 1.0
@@ -109,9 +111,8 @@ class Settings:
     def __post_init__(self):
         if self.finetune not in ("full", "lora"):
             raise ValueError(f"--finetune must be 'full' or 'lora', got {self.finetune!r}")
-        for agent in (self.train_opponent, self.kuhn_train_opponent, self.kuhn_sft_agent):
-            if agent != "mirror":
-                make_scripted_agent(agent, seed=0)  # an unknown name fails before any training
+        for agent in [*self.opponents(TICTACTOE), *self.opponents(KUHN), self.kuhn_sft_agent]:
+            make_scripted_agent(agent, seed=0)  # an unknown name fails before any training
         if self.baseline not in ("env", "observation"):
             raise ValueError(f"--baseline must be 'env' or 'observation', got {self.baseline!r}")
         if not set(self.game_names) <= {"tictactoe", "kuhn"}:
@@ -140,32 +141,39 @@ class Settings:
         """(model path, adapter) that load `checkpoint`: a full model directory, or an adapter on `model`."""
         return (checkpoint, None) if self.full else (model, checkpoint)
 
-    def opponent(self, spec: EnvSpec) -> str:
-        """The scripted agent `spec`'s RL games are played against ("mirror": none, self-play only)."""
-        return self.kuhn_train_opponent if spec == KUHN else self.train_opponent
+    def opponents(self, spec: EnvSpec) -> list[str]:
+        """The scripted agents `spec`'s RL games are played against (none: mirror self-play only)."""
+        names = self.kuhn_train_opponent if spec == KUHN else self.train_opponent
+        return [] if names == "mirror" else [name.strip() for name in names.split(",")]
 
     def pool(self, spec: EnvSpec) -> dict[str, Any]:
         """The pool section of `spec`'s RL runs."""
-        opponent = self.opponent(spec)
+        opponents = self.opponents(spec)
         if self.sample_mode:
             lag = {"lag": self.pool_size - 1} if self.sample_mode == "lagged" else {}
             return {"sample_mode": self.sample_mode, "max_active_lora": self.pool_size, **lag}
-        if opponent == "mirror":
+        if not opponents:
             return {"sample_mode": "mirror"}
-        if self.self_play:  # each game draws the newest checkpoint (mirror) or the scripted agent, with equal odds
-            return {"sample_mode": "random", "fixed_opponents": [opponent], "max_active_lora": 1}
-        return {"sample_mode": "fixed", "fixed_opponents": [opponent], "max_active_lora": 1}
+        # "random": each game draws the newest checkpoint (mirror) or one of the agents; "fixed": one of the agents
+        return {
+            "sample_mode": "random" if self.self_play else "fixed",
+            "fixed_opponents": opponents,
+            "max_active_lora": 1,
+        }
 
     def opponents_label(self, spec: EnvSpec) -> str:
         """Who `spec`'s RL games are played against, in words."""
-        opponent = self.opponent(spec)
+        opponents = self.opponents(spec)
         if self.sample_mode:
             return f"population play, sample_mode {self.sample_mode} over {self.pool_size} checkpoints"
-        if opponent == "mirror":
+        if not opponents:
             return "mirror self-play"
-        if self.self_play:
-            return f"half mirror self-play, half against {opponent}"
-        return f"every game against {opponent}"
+        drawn = ["mirror self-play"] * self.self_play + opponents
+        return (
+            f"each game against one of {', '.join(drawn)} (equal odds)"
+            if len(drawn) > 1
+            else f"every game against {drawn[0]}"
+        )
 
     @property
     def inference(self) -> InferenceConfig:
@@ -327,7 +335,7 @@ def tictactoe(algorithm: str, warm: dict[str, Any], model: str, s: Settings) -> 
     curve.append(outcome_point(s.rl_steps, final, "random"))
     result = {**run, "curve": curve, "final": final}
     if s.select_window:  # also the checkpoint chosen by its training games, with the final evaluation's games
-        selected = select(run["match_matrix"], s.rl_steps, s.select_window, s.train_opponent)
+        selected = select(run["match_matrix"], s.rl_steps, s.select_window, s.opponents(TICTACTOE)[0])
         checkpoint = run["checkpoints"][selected["step"]]
         result["selected"] = selected | {
             "eval": evaluate_at(TICTACTOE, model, checkpoint, OPPONENTS[TICTACTOE], s.eval_games, s)
