@@ -355,37 +355,40 @@ def kuhn(algorithm: str, warm: dict[str, Any], model: str, infosets, s: Settings
 
 
 def plot(name: str, per_seed: dict[str, dict[str, Any]], path: Path) -> None:
-    """Two panels over learner steps, one line per seed: TicTacToe win rate vs random (95% Wilson bars) and
-    Kuhn exploitability."""
+    """One panel per game that ran, over learner steps, one line per seed: TicTacToe win rate vs random (95% Wilson
+    bars), Kuhn exploitability."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    games = [game for game in SPECS if any(game in result for result in per_seed.values())]
+    fig, axes = plt.subplots(1, len(games), figsize=(5.5 * len(games), 4), squeeze=False)
+    panels = dict(zip(games, axes[0]))
     for seed, result in per_seed.items():
         if "kuhn" in result:
             kuhn_curve = result["kuhn"]["curve"]
-            right.plot(
-                [p["step"] for p in kuhn_curve], [p["exploitability"] for p in kuhn_curve], "o-", label=f"seed {seed}"
+            steps = [p["step"] for p in kuhn_curve]
+            panels["kuhn"].plot(steps, [p["exploitability"] for p in kuhn_curve], "o-", label=f"seed {seed}")
+        if "tictactoe" in result:
+            curve = result["tictactoe"]["curve"]
+            rates = [p["win_rate"] for p in curve]
+            errors = [
+                [r - p["win_ci"][0] for r, p in zip(rates, curve)],
+                [p["win_ci"][1] - r for r, p in zip(rates, curve)],
+            ]
+            panels["tictactoe"].errorbar(
+                [p["step"] for p in curve], rates, yerr=errors, marker="o", capsize=3, label=f"seed {seed}: vs random"
             )
-        if "tictactoe" not in result:
-            continue
-        curve = result["tictactoe"]["curve"]
-        steps = [p["step"] for p in curve]
-        rates = [p["win_rate"] for p in curve]
-        errors = [
-            [r - p["win_ci"][0] for r, p in zip(rates, curve)],
-            [p["win_ci"][1] - r for r, p in zip(rates, curve)],
-        ]
-        left.errorbar(steps, rates, yerr=errors, marker="o", capsize=3, label=f"seed {seed}: win rate vs random")
-    left.axhline(0.44, color="grey", linestyle=":", label="random vs random (0.44)")
-    left.set(title=f"TicTacToe, {name} (95% CI)", xlabel="learner step", ylim=(0, 1))
-    left.legend(fontsize=8)
-    right.axhline(0, color="grey", linestyle=":", label="equilibrium (0)")
-    right.axhline(1 / 3, color="grey", linestyle="--", label="always bet/call (1/3)")
-    right.legend(fontsize=8)
-    right.set(title=f"Kuhn Poker, {name}", xlabel="learner step", ylabel="exploitability (chips/round)")
+    if "tictactoe" in panels:
+        panels["tictactoe"].axhline(0.44, color="grey", linestyle=":", label="random vs random (0.44)")
+        panels["tictactoe"].set(title=f"TicTacToe win rate, {name} (95% CI)", xlabel="learner step", ylim=(0, 1))
+        panels["tictactoe"].legend(fontsize=8)
+    if "kuhn" in panels:
+        panels["kuhn"].axhline(0, color="grey", linestyle=":", label="equilibrium (0)")
+        panels["kuhn"].axhline(1 / 3, color="grey", linestyle="--", label="always bet/call (1/3)")
+        panels["kuhn"].legend(fontsize=8)
+        panels["kuhn"].set(title=f"Kuhn Poker, {name}", xlabel="learner step", ylabel="exploitability (chips/round)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
