@@ -335,7 +335,9 @@ def tictactoe(algorithm: str, warm: dict[str, Any], model: str, s: Settings) -> 
     curve.append(outcome_point(s.rl_steps, final, "random"))
     result = {**run, "curve": curve, "final": final}
     if s.select_window:  # also the checkpoint chosen by its training games, with the final evaluation's games
-        selected = select(run["match_matrix"], s.rl_steps, s.select_window, s.opponents(TICTACTOE)[0])
+        # by the games against the first scripted opponent (under mirror self-play none: the last checkpoint)
+        opponent = next(iter(s.opponents(TICTACTOE)), "mirror")
+        selected = select(run["match_matrix"], s.rl_steps, s.select_window, opponent)
         checkpoint = run["checkpoints"][selected["step"]]
         result["selected"] = selected | {
             "eval": evaluate_at(TICTACTOE, model, checkpoint, OPPONENTS[TICTACTOE], s.eval_games, s)
@@ -394,13 +396,18 @@ def plot(name: str, per_seed: dict[str, dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def _rate(report: dict[str, Any], opponent: str, key: str = "win") -> str:
-    wdl = report["opponents"][opponent]["all_seats"]
+def rate_text(wdl: dict[str, Any], key: str = "win") -> str:
+    """An all-seats W/D/L summary's win rate (or, with key "non-loss", 1 - loss rate) and its 95% interval."""
     if key == "non-loss":
         low, high = wdl["loss_ci"]
         return f"{1 - wdl['loss_rate']:.2f} [{1 - high:.2f}, {1 - low:.2f}]"
     low, high = wdl["win_ci"]
     return f"{wdl['win_rate']:.2f} [{low:.2f}, {high:.2f}]"
+
+
+def separated(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    """Whether the win rate's 95% interval after RL lies wholly above the warm start's."""
+    return after["win_ci"][0] > before["win_ci"][1]
 
 
 def summary(results: dict[str, Any], algorithm: str) -> dict[str, Any]:
@@ -420,7 +427,7 @@ def summary(results: dict[str, Any], algorithm: str) -> dict[str, Any]:
                 "before_ci": before["win_ci"],
                 "after": after["win_rate"],
                 "after_ci": after["win_ci"],
-                "separated": after["win_ci"][0] > before["win_ci"][1],
+                "separated": separated(before, after),
             }
             if "selected" in result["tictactoe"]:
                 chosen = result["tictactoe"]["selected"]
@@ -442,8 +449,8 @@ def table(results: dict[str, Any]) -> str:
     ]
 
     def row(seed: str, label: str, ttt: dict[str, Any] | None, kuhn_value: float | None, seconds: str) -> str:
-        win = _rate(ttt, "random") if ttt else "-"
-        non_loss = _rate(ttt, "tictactoe-minimax", "non-loss") if ttt else "-"
+        win = rate_text(ttt["opponents"]["random"]["all_seats"]) if ttt else "-"
+        non_loss = rate_text(ttt["opponents"]["tictactoe-minimax"]["all_seats"], "non-loss") if ttt else "-"
         kuhn_text = f"{kuhn_value:.4f}" if kuhn_value is not None else "-"
         return f"{seed:>4} {label:<26} {win:<20} {non_loss:<24} {kuhn_text:>19} {seconds:>9}"
 

@@ -33,7 +33,7 @@ def reevaluate(results_dir: Path, games: int, temperature: float) -> dict:
         for name, step in (("warm_start", "0"), ("after_rl", str(settings.rl_steps))):
             report = L.evaluate_at(L.TICTACTOE, settings.model_dir, checkpoints[step], opponents, games, one)
             row[name] = {o: report["opponents"][o]["all_seats"] for o in opponents}
-        row["separated"] = row["after_rl"]["random"]["win_ci"][0] > row["warm_start"]["random"]["win_ci"][1]
+        row["separated"] = L.separated(row["warm_start"]["random"], row["after_rl"]["random"])
         out["seeds"][seed] = row
         print(_line(seed, row), flush=True)
     return out
@@ -42,18 +42,10 @@ def reevaluate(results_dir: Path, games: int, temperature: float) -> dict:
 def _line(seed: str, row: dict) -> str:
     """One seed's win rate vs random and non-loss vs minimax, warm start -> after RL."""
     before, after = row["warm_start"], row["after_rl"]
-
-    def win(r):
-        lo, hi = r["random"]["win_ci"]
-        return f"{r['random']['win_rate']:.3f} [{lo:.2f}, {hi:.2f}]"
-
-    def non_loss(r):
-        return f"{1 - r['tictactoe-minimax']['loss_rate']:.3f}"
-
-    return (
-        f"seed {seed}: win vs random {win(before)} -> {win(after)} separated={row['separated']};"
-        f" non-loss vs minimax {non_loss(before)} -> {non_loss(after)}"
-    )
+    win = f"{L.rate_text(before['random'])} -> {L.rate_text(after['random'])}"
+    minimax = "tictactoe-minimax"
+    non_loss = f"{L.rate_text(before[minimax], 'non-loss')} -> {L.rate_text(after[minimax], 'non-loss')}"
+    return f"seed {seed}: win vs random {win} separated={row['separated']}; non-loss vs minimax {non_loss}"
 
 
 def main() -> None:
