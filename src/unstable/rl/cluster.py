@@ -6,9 +6,9 @@ minibatch counts), so the weights stay identical without wrapping the agent in D
 under one process) every call here is a no-op.
 
 At exit (`close`, registered with `atexit`) the process group is destroyed and Gloo's worker threads get a moment
-with the interpreter still alive: a thread that frees a finished collective's
-tensors needs the GIL, and one that asks for it once the interpreter is shutting down aborts the process
-(SIGABRT, "terminate called without an active exception") after training already finished.
+with the interpreter still alive: a thread that frees a finished collective's tensors needs the GIL, and one that
+asks for it once the interpreter is shutting down aborts the process (SIGABRT, "terminate called without an active
+exception") after training already finished.
 """
 
 from __future__ import annotations
