@@ -98,6 +98,7 @@ class Settings:
     algorithm_args: str = ""  # the RL algorithm's keyword arguments as JSON ("": RECIPE_ARGS), e.g. '{"epochs": 4}'
     games: str = "tictactoe,kuhn"  # which games to run, comma-separated
     baseline: str = "env"  # "observation": BaselineByObservation (a per-state baseline) before the z-score
+    discount: float = 1.0  # buffer.discount: a move's reward is the result times discount ** (its later moves)
     select_window: int = 0  # > 0: evaluate the best checkpoint by training games vs the scripted agent (see select)
     warm_runs_dir: str = ""  # reuse the SFT warm starts saved under this --runs-dir (per seed) when present
     kuhn_sft_games: int = 400
@@ -113,6 +114,8 @@ class Settings:
             raise ValueError(f"--finetune must be 'full' or 'lora', got {self.finetune!r}")
         for agent in [*self.opponents(TICTACTOE), *self.opponents(KUHN), self.kuhn_sft_agent]:
             make_scripted_agent(agent, seed=0)  # an unknown name fails before any training
+        if not 0.0 < self.discount <= 1.0:
+            raise ValueError(f"--discount must be in (0, 1], got {self.discount}")
         if self.baseline not in ("env", "observation"):
             raise ValueError(f"--baseline must be 'env' or 'observation', got {self.baseline!r}")
         if not set(self.game_names) <= {"tictactoe", "kuhn"}:
@@ -240,6 +243,7 @@ def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, 
         "pool": s.pool(spec),
         "buffer": {
             "max_buffer_size": 2 * s.rl_batch_size,
+            "discount": s.discount,
             # the env's own rewards: TicTacToe +1/0/-1, single-hand Kuhn Poker the chips won (+-1, +-2)
             "final_reward_transforms": [],
             # a rejected move is penalised itself (TextArena lets it retry, so the game result may be a win)

@@ -27,15 +27,20 @@ def free(board: Board) -> list[int]:
     return [i for i in range(9) if board[i] == 0]
 
 
+def completing_lines(board: Board, player: int, cell: int) -> list[tuple[int, int, int]]:
+    """The lines through the empty `cell` whose other two cells `player` holds."""
+    return [line for line in LINES if cell in line and all(board[i] == player for i in line if i != cell)]
+
+
+def completing_cells(board: Board, player: int) -> list[int]:
+    """The empty cells that complete a line for `player`."""
+    return [cell for cell in free(board) if completing_lines(board, player, cell)]
+
+
 def completing(board: Board, player: int) -> int | None:
     """A cell that completes a line for `player`, if any."""
-    for cell in free(board):
-        board[cell] = player
-        done = wins(board, player)
-        board[cell] = 0
-        if done:
-            return cell
-    return None
+    cells = completing_cells(board, player)
+    return cells[0] if cells else None
 
 
 def random_move(board: Board, player: int, rng: random.Random) -> int:

@@ -7,7 +7,7 @@ import pytest
 
 import unstable.reward_transformations as retra
 from unstable.buffer import StepBuffer
-from unstable.buffer.config import TransformConfig
+from unstable.buffer.config import BufferConfig, TransformConfig
 from unstable.records import GameRecord, Step
 
 
@@ -118,3 +118,25 @@ def test_seed_002_pipeline_end_to_end_in_the_buffer():
     std = math.sqrt(sum((r - mean) ** 2 for r in stored) / 4)
     batch = sorted(s.reward for s in buffer.get_batch(4))
     assert batch == pytest.approx([(r - mean) / std for r in stored])
+
+
+def test_discount_scales_each_move_by_its_players_later_moves_before_the_step_stage():
+    buffer = StepBuffer(
+        max_buffer_size=10,
+        step_reward_transformation=retra.ComposeStepRewardTransforms([retra.PenaltyForInvalidMove(0.0, -1.0)]),
+        discount=0.5,
+    )
+    steps = (_step(0), _step(1), _step(0), _step(1, invalid_move=True), _step(1), _step(0))
+    buffer.add_game(
+        GameRecord("TicTacToe-v0-train", 0, {0: "a", 1: "b"}, steps, {0: 1, 1: -1}, learner_player_ids=(0, 1))
+    )
+    # player 0 moved 3 times: 0.25, 0.5, 1; player 1 three times: -0.25, -0.5 - 1 (its rejected move), -1
+    assert [s.reward for s in buffer.steps] == [0.25, -0.25, 0.5, -1.5, -1.0, 1.0]
+
+
+@pytest.mark.parametrize("discount", [0.0, -0.5, 1.5])
+def test_a_discount_outside_zero_to_one_is_refused(discount):
+    with pytest.raises(ValueError, match="discount"):
+        StepBuffer(max_buffer_size=4, discount=discount)
+    with pytest.raises(ValueError, match="discount"):
+        BufferConfig(discount=discount)

@@ -37,6 +37,9 @@ class BufferConfig(Settings):
     """StepBuffer size and the final, step and sampling reward-transform stages (applied in list order)."""
 
     max_buffer_size: int = Field(768, ge=1, description="most steps held; the oldest are dropped first")
+    discount: float = Field(
+        1.0, gt=0.0, le=1.0, description="a step's final reward times discount ** (its player's later decisions)"
+    )
     final_reward_transforms: list[TransformConfig] = [TransformConfig(name="WinDrawLossFormatter")]
     step_reward_transforms: list[TransformConfig] = []
     sampling_reward_transforms: list[TransformConfig] = []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -15,7 +15,9 @@ from unstable.tracking import keys
 class StepBuffer:
     """A bounded FIFO of training steps (oldest dropped first), filled through the reward transforms.
 
-    Only steps of the learner's seats that carry model tokens are kept; failed games add nothing.
+    Only steps of the learner's seats that carry model tokens are kept; failed games add nothing. Each step
+    starts from its player's final reward times `discount ** k`, k the decisions that player made after it
+    (1.0, the default, gives every decision the game's result; below 1 the moves that decided the game count most).
     `get_batch` removes a uniformly drawn batch and applies the sampling-stage transform to it; steps that
     share a `group_id` are drawn together, so a group-relative baseline sees the whole group.
     """
@@ -27,8 +29,12 @@ class StepBuffer:
         step_reward_transformation: Callable | None = None,
         sampling_reward_transformation: Callable | None = None,
         seed: int = 0,
+        discount: float = 1.0,
     ):
+        if not 0.0 < discount <= 1.0:
+            raise ValueError(f"discount must be in (0, 1], got {discount}")
         self.max_buffer_size = max_buffer_size
+        self.discount = discount
         self.final_transform = final_reward_transformation
         self.step_transform = step_reward_transformation
         self.sampling_transform = sampling_reward_transformation
@@ -51,10 +57,10 @@ class StepBuffer:
         if self.final_transform is not None:
             rewards = self.final_transform(rewards, env_id=record.env_id)
         added = 0
-        for step in record.steps:
+        for step, later in zip(record.steps, _decisions_after(record.steps)):
             if step.player_id not in record.learner_player_ids or not step.has_tokens:
                 continue
-            step = replace(step, reward=float(rewards[step.player_id]))
+            step = replace(step, reward=float(rewards[step.player_id]) * self.discount**later)
             if self.step_transform is not None:
                 step = self.step_transform(step, env_id=record.env_id)
             if len(self.steps) == self.max_buffer_size:
@@ -133,3 +139,13 @@ class StepBuffer:
 def _state(transform: Callable | None) -> Any:
     """A reward stage's `state_dict()`; None for no stage or a plain callable (a seed script's), which keeps none."""
     return transform.state_dict() if hasattr(transform, "state_dict") else None
+
+
+def _decisions_after(steps: tuple[Step, ...]) -> list[int]:
+    """For each step, how many decisions its player makes later in the game."""
+    seen: Counter[int] = Counter()
+    after = []
+    for step in reversed(steps):
+        after.append(seen[step.player_id])
+        seen[step.player_id] += 1
+    return after[::-1]

@@ -65,7 +65,7 @@ def build_topology(cfg: RunConfig, run_dir: Path) -> Topology:
     seed = cfg.run.seed
     tracker = TrackerActor.options(name="Tracker").remote(cfg.run.name, run_dir=str(run_dir.resolve()), cfg=cfg.tracker)
     buffer = StepBufferActor.options(name="StepBuffer").remote(
-        cfg.buffer.max_buffer_size, tracker, **cfg.buffer.transform_stages(), seed=seed
+        cfg.buffer.max_buffer_size, tracker, **cfg.buffer.transform_stages(), seed=seed, discount=cfg.buffer.discount
     )
     pool = ModelPoolActor.options(name="ModelPool").remote(tracker=tracker, seed=seed, **cfg.pool.model_dump())
     ray.get(pool.add_checkpoint.remote(path=cfg.learner.initial_lora_path, iteration=-1))
