@@ -128,17 +128,17 @@ SKILLS = [
 
 
 def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
-    """One row per skill, one column per checkpoint (its last three path parts), the uniform reference last."""
-    names = ["/".join(Path(c).parts[-3:]) if len(Path(c).parts) > 3 else c for c in results]
+    """One row per skill, one column per checkpoint (numbered; the paths listed first), the uniform reference last."""
+    lines = [f"[{i}] {checkpoint}" for i, checkpoint in enumerate(results, 1)]
     first = next(iter(results.values()))
-    width = max(len(n) for n in names)
-    lines = [" | ".join([f"{'skill (positions)':32}", *[f"{n:>{width}}" for n in names], "uniform"])]
+    lines.append(
+        " | ".join([f"{'skill (positions)':32}", *[f"{f'[{i}]':>6}" for i in range(1, len(results) + 1)], "uniform"])
+    )
     for skill in SKILLS:
-        if skill not in first:
-            continue
-        label = f"{skill} ({first[skill]['positions']})"
-        cells = [f"{results[c][skill]['policy']:>{width}.3f}" for c in results]
-        lines.append(" | ".join([f"{label:32}", *cells, f"{first[skill]['uniform']:.3f}"]))
+        if skill in first:
+            label = f"{skill} ({first[skill]['positions']})"
+            cells = [f"{results[c][skill]['policy']:>6.3f}" for c in results]
+            lines.append(" | ".join([f"{label:32}", *cells, f"{first[skill]['uniform']:.3f}"]))
     return "\n".join(lines)
 
 
