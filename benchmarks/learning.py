@@ -40,6 +40,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from unstable.agents.scripted import make_scripted_agent  # noqa: E402
 from unstable.algorithms import ALGORITHMS  # noqa: E402
+from unstable.buffer.config import BufferConfig  # noqa: E402
 from unstable.collector.demonstrations import generate_sft_steps  # noqa: E402
 from unstable.config.schema import validate_config  # noqa: E402
 from unstable.evaluation.evaluate import evaluate, kuhn_exploitability  # noqa: E402
@@ -117,8 +118,7 @@ class Settings:
             raise ValueError(f"--finetune must be 'full' or 'lora', got {self.finetune!r}")
         for agent in [*self.opponents(TICTACTOE), *self.opponents(KUHN), self.kuhn_sft_agent]:
             make_scripted_agent(agent, seed=0)  # an unknown name fails before any training
-        if not 0.0 < self.discount <= 1.0:
-            raise ValueError(f"--discount must be in (0, 1], got {self.discount}")
+        BufferConfig(discount=self.discount)  # a discount outside (0, 1] fails before any training
         if self.baseline not in ("env", "observation"):
             raise ValueError(f"--baseline must be 'env' or 'observation', got {self.baseline!r}")
         if not set(self.game_names) <= {"tictactoe", "kuhn"}:

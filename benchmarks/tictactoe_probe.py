@@ -37,6 +37,15 @@ from unstable.records import EnvSpec, Step  # noqa: E402
 
 TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
 CENTER = 4
+SKILLS = [
+    "occupied",
+    "win",
+    "win on a row",
+    "win on a column",
+    "win on a diagonal",
+    "block",
+    "center on the empty board",
+]
 Position = tuple[str, Board, int]  # the observation, the board (1 moves first), the player to move (1 or 2)
 
 
@@ -114,17 +123,6 @@ def probe(checkpoint: str, found: list[Position], batch_size: int = 16) -> dict[
     for start in range(0, len(found), batch_size):
         probabilities += cell_probabilities(policy, found[start : start + batch_size])
     return skills(found, probabilities)
-
-
-SKILLS = [
-    "occupied",
-    "win",
-    "win on a row",
-    "win on a column",
-    "win on a diagonal",
-    "block",
-    "center on the empty board",
-]
 
 
 def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
