@@ -64,6 +64,8 @@ OPPONENTS = {TICTACTOE: ["random", "tictactoe-minimax"], KUHN: ["random", "kuhn-
 # runs without one (against the random agent the penalty only held the policy near its random-move warm start). The
 # other algorithms run with their defaults.
 RECIPE_ARGS = {(KUHN, "reinforce"): {"ref_kl_coef": 0.1}}
+# The z-score of `--baseline`: per env, or per env and opponent (the others z-score per env).
+NORMALIZERS = {"env": "NormalizeRewardsByEnv", "opponent": "NormalizeRewardsByOpponent"}
 # The tiny model's random embeddings are too small for sharp logits; a LoRA on the (tied) output layer fixes that.
 LORA_TARGETS = [*LoraConfig().target_modules, "lm_head"]
 
@@ -101,7 +103,9 @@ class Settings:
     group_size: int = 4
     algorithm_args: str = ""  # the RL algorithm's keyword arguments as JSON ("": RECIPE_ARGS), e.g. '{"epochs": 4}'
     games: str = "tictactoe,kuhn"  # which games to run, comma-separated
-    baseline: str = "env"  # "observation": BaselineByObservation (a per-state baseline) before the z-score
+    # the batch baseline: "env" z-scores rewards per env; "opponent" per env and opponent (NormalizeRewardsByOpponent);
+    # "observation": BaselineByObservation (a per-state baseline) before the env's z-score
+    baseline: str = "env"
     discount: float = 1.0  # buffer.discount: a move's reward is the result times discount ** (its later moves)
     select_window: int = 0  # > 0: evaluate the best checkpoint by training games vs the scripted agent (see select)
     warm_runs_dir: str = ""  # reuse the SFT warm starts saved under this --runs-dir (per seed) when present
@@ -119,8 +123,8 @@ class Settings:
         for agent in [*self.opponents(TICTACTOE), *self.opponents(KUHN), self.kuhn_sft_agent]:
             make_scripted_agent(agent, seed=0)  # an unknown name fails before any training
         BufferConfig(discount=self.discount)  # a discount outside (0, 1] fails before any training
-        if self.baseline not in ("env", "observation"):
-            raise ValueError(f"--baseline must be 'env' or 'observation', got {self.baseline!r}")
+        if self.baseline not in ("env", "opponent", "observation"):
+            raise ValueError(f"--baseline must be 'env', 'opponent' or 'observation', got {self.baseline!r}")
         if not set(self.game_names) <= {"tictactoe", "kuhn"}:
             raise ValueError(f"--games must name tictactoe and/or kuhn, got {self.games!r}")
         json.loads(self.algorithm_args or "{}")  # malformed JSON fails before any training
@@ -254,7 +258,7 @@ def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, 
             # a batch baseline: without it Reinforce's mostly negative rewards destroyed the answer format
             "sampling_reward_transforms": [
                 *([{"name": "BaselineByObservation"}] if s.baseline == "observation" else []),
-                {"name": "NormalizeRewardsByEnv", "args": {"z_score": True}},
+                {"name": NORMALIZERS.get(s.baseline, "NormalizeRewardsByEnv"), "args": {"z_score": True}},
             ],
         },
         "learner": {

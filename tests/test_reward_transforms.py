@@ -69,6 +69,26 @@ def test_normalize_rewards_by_env_per_env_mean_and_optional_std():
     assert retra.NormalizeRewardsByEnv(True)([_step(reward=2.0)])[0].reward == 0.0  # a lone step: 0, no NaN
 
 
+def test_normalize_rewards_by_opponent_keeps_one_mean_and_std_per_env_and_opponent():
+    rows = [(1, "A", "random"), (-1, "A", "minimax"), (-1, "A", "random"), (0, "A", "minimax"), (1, "B", "random")]
+    steps = [replace(_step(reward=r, env_id=e), opponent=o) for r, e, o in rows]
+    centred = retra.NormalizeRewardsByOpponent(False)(steps)
+    assert [s.reward for s in centred] == [1.0, -0.5, -1.0, 0.5, 0.0]  # means: random 0, minimax -0.5, B alone
+    z = retra.NormalizeRewardsByOpponent(True)(steps)
+    assert [s.reward for s in z] == pytest.approx([1.0, -1.0, -1.0, 1.0, 0.0])  # stds: random 1, minimax 0.5
+    assert [s.reward for s in steps] == [r for r, _, _ in rows]  # inputs untouched
+
+
+def test_the_buffer_names_each_steps_opponent_from_the_game_record():
+    buffer = StepBuffer(max_buffer_size=10)
+    steps = (_step(0), _step(1), _step(0))
+    players = {0: "ckpt-3", 1: "random"}
+    buffer.add_game(GameRecord("TicTacToe-v0-train", 0, players, steps, {0: 1, 1: -1}, learner_player_ids=(0,)))
+    three, players = (_step(0), _step(1), _step(2)), {0: "x", 1: "y", 2: "z"}
+    buffer.add_game(GameRecord("Poker", 0, players, three, {0: 1, 1: 0, 2: -1}, learner_player_ids=(1,)))
+    assert [s.opponent for s in buffer.steps] == ["random", "random", "x+z"]
+
+
 def test_baseline_by_observation_is_leave_one_out_per_state_else_the_env_mean():
     rewards = [(2.0, "J"), (-1.0, "J"), (5.0, "J"), (1.0, "K"), (3.0, "Q")]
     steps = [replace(_step(reward=r), observation=o) for r, o in rewards]
@@ -87,6 +107,7 @@ def test_registry_builds_every_transform_and_config_accepts_their_names():
         "RewardForFormat",
         "PenaltyForInvalidMove",
         "NormalizeRewardsByEnv",
+        "NormalizeRewardsByOpponent",
         "BaselineByObservation",
     }
     assert set(retra.TRANSFORMS) == expected

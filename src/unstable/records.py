@@ -95,7 +95,8 @@ class Step:
     `behaviour_logprobs[i]` is the log-probability the sampling policy gave `completion_token_ids[i]`. The
     learner trains on these tokens as they are, never re-tokenising text. `reward` is set by the StepBuffer.
     `group_id` is shared by the decisions sampled from one copied game state (see `games.branching`); the
-    group's mean reward is their baseline.
+    group's mean reward is their baseline. `opponent` names the agents in the other seats ('+'-joined), set by
+    the StepBuffer, so a per-opponent baseline can compare games against the same opponent.
     """
 
     env_id: str
@@ -115,6 +116,7 @@ class Step:
     generation_seconds: float = 0.0
     reward: float = 0.0
     group_id: str | None = None
+    opponent: str = ""
 
     @property
     def has_tokens(self) -> bool:

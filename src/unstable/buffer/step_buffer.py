@@ -60,7 +60,8 @@ class StepBuffer:
         for step, later in zip(record.steps, _decisions_after(record.steps)):
             if step.player_id not in record.learner_player_ids or not step.has_tokens:
                 continue
-            step = replace(step, reward=float(rewards[step.player_id]) * self.discount**later)
+            reward = float(rewards[step.player_id]) * self.discount**later
+            step = replace(step, reward=reward, opponent=_opponent(record, step.player_id))
             if self.step_transform is not None:
                 step = self.step_transform(step, env_id=record.env_id)
             if len(self.steps) == self.max_buffer_size:
@@ -139,6 +140,11 @@ class StepBuffer:
 def _state(transform: Callable | None) -> Any:
     """A reward stage's `state_dict()`; None for no stage or a plain callable (a seed script's), which keeps none."""
     return transform.state_dict() if hasattr(transform, "state_dict") else None
+
+
+def _opponent(record: GameRecord, player_id: int) -> str:
+    """The names of the agents in `record`'s other seats, '+'-joined in seat order."""
+    return "+".join(name for pid, name in sorted(record.players.items()) if pid != player_id)
 
 
 def _decisions_after(steps: tuple[Step, ...]) -> list[int]:

@@ -7,6 +7,7 @@ from unstable.rewards.transforms import (
     ComposeStepRewardTransforms,
     FinalRewardTransform,
     NormalizeRewardsByEnv,
+    NormalizeRewardsByOpponent,
     PenaltyForInvalidMove,
     RewardForFormat,
     RoleAdvantageByEnvFormatter,
@@ -25,6 +26,7 @@ TRANSFORMS = {
         RewardForFormat,
         PenaltyForInvalidMove,
         NormalizeRewardsByEnv,
+        NormalizeRewardsByOpponent,
         BaselineByObservation,
     )
 }
@@ -46,6 +48,7 @@ __all__ = [
     "ComposeStepRewardTransforms",
     "FinalRewardTransform",
     "NormalizeRewardsByEnv",
+    "NormalizeRewardsByOpponent",
     "PenaltyForInvalidMove",
     "RewardForFormat",
     "RoleAdvantageByEnvFormatter",

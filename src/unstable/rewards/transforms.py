@@ -176,14 +176,30 @@ class NormalizeRewardsByEnv(SamplingRewardTransform):
         self.eps = eps
 
     def __call__(self, steps: list[Step]) -> list[Step]:
-        by_env: dict[str, list[float]] = defaultdict(list)
+        by_key: dict[Hashable, list[float]] = defaultdict(list)
         for step in steps:
-            by_env[step.env_id].append(step.reward)
-        stats = {env: (statistics.fmean(r), statistics.pstdev(r)) for env, r in by_env.items()}
-        return [replace(s, reward=self._normalize(s.reward, *stats[s.env_id])) for s in steps]
+            by_key[self._key(step)].append(step.reward)
+        stats = {key: (statistics.fmean(r), statistics.pstdev(r)) for key, r in by_key.items()}
+        return [replace(s, reward=self._normalize(s.reward, *stats[self._key(s)])) for s in steps]
+
+    def _key(self, step: Step) -> Hashable:
+        return step.env_id
 
     def _normalize(self, reward: float, mean: float, std: float) -> float:
         return (reward - mean) / (std + self.eps) if self.z_score else reward - mean
+
+
+class NormalizeRewardsByOpponent(NormalizeRewardsByEnv):
+    """Like `NormalizeRewardsByEnv`, with one mean (and std) per env and opponent (`Step.opponent`).
+
+    Against a mix of fixed opponents the env-wide baseline makes every move played against the strongest one look
+    bad, since most of those games are lost; per opponent, a draw against minimax scores above the losses to it and
+    a win against the random agent is compared with the other games against the random agent. Every past
+    checkpoint is an opponent of its own, so population play is better served by the env-wide baseline.
+    """
+
+    def _key(self, step: Step) -> Hashable:
+        return (step.env_id, step.opponent)
 
 
 class BaselineByObservation(SamplingRewardTransform):
