@@ -60,12 +60,14 @@ KUHN = EnvSpec("KuhnPoker-v0-single-train", 2, "qwen3-zs")
 SPECS = {"tictactoe": TICTACTOE, "kuhn": KUHN}
 OPPONENTS = {TICTACTOE: ["random", "tictactoe-minimax"], KUHN: ["random", "kuhn-nash"]}
 # The default recipe per game (docs/learning.md, "Across seeds"), with the settings defaults below (lr 6e-4 decayed by
-# a cosine over 200 steps): Kuhn Poker's Reinforce is held near its equilibrium warm start by a KL penalty; TicTacToe's
-# runs without one (against the random agent the penalty only held the policy near its random-move warm start). The
-# other algorithms run with their defaults.
+# a cosine over the run's steps, 250 on TicTacToe): Kuhn Poker's Reinforce is held near its equilibrium warm start by
+# a KL penalty; TicTacToe's runs without one (against the random agent the penalty only held the policy near its
+# random-move warm start). The other algorithms run with their defaults.
 RECIPE_ARGS = {(KUHN, "reinforce"): {"ref_kl_coef": 0.1}}
-# The z-score of `--baseline`: per env, or per env and opponent (the others z-score per env).
-NORMALIZERS = {"env": "NormalizeRewardsByEnv", "opponent": "NormalizeRewardsByOpponent"}
+# The batch baseline per game when `--baseline` names none: TicTacToe's RL games mix opponents, so its rewards are
+# z-scored per opponent (a draw against minimax counts above a loss to it, not below the wins against random);
+# Kuhn Poker's mirror games z-score per env (per opponent, every checkpoint would be a group of its own).
+RECIPE_BASELINE = {TICTACTOE: "opponent", KUHN: "env"}
 # The tiny model's random embeddings are too small for sharp logits; a LoRA on the (tied) output layer fixes that.
 LORA_TARGETS = [*LoraConfig().target_modules, "lm_head"]
 
@@ -82,8 +84,9 @@ class Settings:
     threads: int = os.cpu_count() or 1  # SFT and evaluation; in RL the learner and inference get half each
     finetune: str = "full"
     # TicTacToe's RL games are against these scripted agents (comma-separated, drawn with equal odds per game);
-    # "mirror": self-play only. Against the random agent alone the policy wins more often but loses to minimax more.
-    train_opponent: str = "random,random,tictactoe-minimax"
+    # "mirror": self-play only. Against the random agent alone the policy wins more often but loses to minimax more;
+    # the recipe plays three games in four against random, one against minimax.
+    train_opponent: str = "random,random,random,tictactoe-minimax"
     self_play: bool = False  # True: the newest checkpoint (mirror self-play) is drawn as one more opponent
     sample_mode: str = ""  # a pool sampling mode: population play among the learner's checkpoints (overrides the above)
     pool_size: int = 4  # with --sample-mode: checkpoints kept active (lagged: the pool_size - 1 before the latest)
@@ -94,7 +97,7 @@ class Settings:
     sft_epochs: int = 2
     sft_batch_size: int = 16
     sft_lr: float = 1e-3
-    rl_steps: int = 200
+    rl_steps: int = 250
     rl_batch_size: int = 64
     rl_lr: float = 6e-4
     rl_lr_schedule: str = "cosine"  # learner.lr_schedule: constant, linear or cosine (to rl_min_lr_ratio)
@@ -103,9 +106,9 @@ class Settings:
     group_size: int = 4
     algorithm_args: str = ""  # the RL algorithm's keyword arguments as JSON ("": RECIPE_ARGS), e.g. '{"epochs": 4}'
     games: str = "tictactoe,kuhn"  # which games to run, comma-separated
-    # the batch baseline: "env" z-scores rewards per env; "opponent" per env and opponent (NormalizeRewardsByOpponent);
-    # "observation": BaselineByObservation (a per-state baseline) before the env's z-score
-    baseline: str = "env"
+    # the batch baseline ("": RECIPE_BASELINE): "env" z-scores rewards per env; "opponent" per env and opponent
+    # (NormalizeRewardsByOpponent); "observation": BaselineByObservation (a per-state baseline), then per env
+    baseline: str = ""
     discount: float = 1.0  # buffer.discount: a move's reward is the result times discount ** (its later moves)
     select_window: int = 0  # > 0: evaluate the best checkpoint by training games vs the scripted agent (see select)
     warm_runs_dir: str = ""  # reuse the SFT warm starts saved under this --runs-dir (per seed) when present
@@ -123,7 +126,7 @@ class Settings:
         for agent in [*self.opponents(TICTACTOE), *self.opponents(KUHN), self.kuhn_sft_agent]:
             make_scripted_agent(agent, seed=0)  # an unknown name fails before any training
         BufferConfig(discount=self.discount)  # a discount outside (0, 1] fails before any training
-        if self.baseline not in ("env", "opponent", "observation"):
+        if self.baseline not in ("", "env", "opponent", "observation"):
             raise ValueError(f"--baseline must be 'env', 'opponent' or 'observation', got {self.baseline!r}")
         if not set(self.game_names) <= {"tictactoe", "kuhn"}:
             raise ValueError(f"--games must name tictactoe and/or kuhn, got {self.games!r}")
@@ -136,6 +139,14 @@ class Settings:
     def algorithm_kwargs(self, spec: EnvSpec, algorithm: str) -> dict[str, Any]:
         """`--algorithm-args`, or the default recipe's arguments for `algorithm` on `spec`'s game when none given."""
         return json.loads(self.algorithm_args) if self.algorithm_args else RECIPE_ARGS.get((spec, algorithm), {})
+
+    def sampling_transforms(self, spec: EnvSpec) -> list[dict[str, Any]]:
+        """The batch baseline of `--baseline` (or the recipe's for `spec`'s game): a z-score per env or per opponent,
+        after a per-state baseline with "observation"."""
+        baseline = self.baseline or RECIPE_BASELINE[spec]
+        per_state = [{"name": "BaselineByObservation"}] if baseline == "observation" else []
+        normalizer = "NormalizeRewardsByOpponent" if baseline == "opponent" else "NormalizeRewardsByEnv"
+        return [*per_state, {"name": normalizer, "args": {"z_score": True}}]
 
     @property
     def game_names(self) -> list[str]:
@@ -256,10 +267,7 @@ def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, 
             # a rejected move is penalised itself (TextArena lets it retry, so the game result may be a win)
             "step_reward_transforms": [{"name": "PenaltyForInvalidMove", "args": {"penalty": -1.0}}],
             # a batch baseline: without it Reinforce's mostly negative rewards destroyed the answer format
-            "sampling_reward_transforms": [
-                *([{"name": "BaselineByObservation"}] if s.baseline == "observation" else []),
-                {"name": NORMALIZERS.get(s.baseline, "NormalizeRewardsByEnv"), "args": {"z_score": True}},
-            ],
+            "sampling_reward_transforms": s.sampling_transforms(spec),
         },
         "learner": {
             "num_steps": steps,
