@@ -17,7 +17,8 @@ class StepBuffer:
 
     Only steps of the learner's seats that carry model tokens are kept; failed games add nothing. Each step
     starts from its player's final reward times `discount ** k`, k the decisions that player made after it
-    (1.0, the default, gives every decision the game's result; below 1 the moves that decided the game count most).
+    (1.0, the default, gives every decision the game's result; below 1 the moves that decided the game count most),
+    and is labelled with its opponent (`Step.opponent`: the other seats' agent names) for per-opponent baselines.
     `get_batch` removes a uniformly drawn batch and applies the sampling-stage transform to it; steps that
     share a `group_id` are drawn together, so a group-relative baseline sees the whole group.
     """
