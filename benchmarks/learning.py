@@ -68,6 +68,7 @@ RECIPE_ARGS = {(KUHN, "reinforce"): {"ref_kl_coef": 0.1}}
 # z-scored per opponent (a draw against minimax counts above a loss to it, not below the wins against random);
 # Kuhn Poker's mirror games z-score per env (per opponent, every checkpoint would be a group of its own).
 RECIPE_BASELINE = {TICTACTOE: "opponent", KUHN: "env"}
+BASELINES = ("env", "opponent", "observation", "env-role", "opponent-role")
 # The tiny model's random embeddings are too small for sharp logits; a LoRA on the (tied) output layer fixes that.
 LORA_TARGETS = [*LoraConfig().target_modules, "lm_head"]
 
@@ -94,6 +95,7 @@ class Settings:
     max_new_tokens: int = 8
     lora_rank: int = 16
     sft_games: int = 800
+    sft_agent: str = "random"  # the scripted agent whose moves (both seats) the TicTacToe warm start imitates
     sft_epochs: int = 2
     sft_batch_size: int = 16
     sft_lr: float = 1e-3
@@ -107,7 +109,8 @@ class Settings:
     algorithm_args: str = ""  # the RL algorithm's keyword arguments as JSON ("": RECIPE_ARGS), e.g. '{"epochs": 4}'
     games: str = "tictactoe,kuhn"  # which games to run, comma-separated
     # the batch baseline ("": RECIPE_BASELINE): "env" z-scores rewards per env; "opponent" per env and opponent
-    # (NormalizeRewardsByOpponent); "observation": BaselineByObservation (a per-state baseline), then per env
+    # (NormalizeRewardsByOpponent); "observation": BaselineByObservation (a per-state baseline), then per env;
+    # "env-role" and "opponent-role": per env (and opponent) and seat (`by_role`)
     baseline: str = ""
     discount: float = 1.0  # buffer.discount: a move's reward is the result times discount ** (its later moves)
     select_window: int = 0  # > 0: evaluate the best checkpoint by training games vs the scripted agent (see select)
@@ -123,11 +126,11 @@ class Settings:
     def __post_init__(self):
         if self.finetune not in ("full", "lora"):
             raise ValueError(f"--finetune must be 'full' or 'lora', got {self.finetune!r}")
-        for agent in [*self.opponents(TICTACTOE), *self.opponents(KUHN), self.kuhn_sft_agent]:
+        for agent in [*self.opponents(TICTACTOE), *self.opponents(KUHN), self.sft_agent, self.kuhn_sft_agent]:
             make_scripted_agent(agent, seed=0)  # an unknown name fails before any training
         BufferConfig(discount=self.discount)  # a discount outside (0, 1] fails before any training
-        if self.baseline not in ("", "env", "opponent", "observation"):
-            raise ValueError(f"--baseline must be 'env', 'opponent' or 'observation', got {self.baseline!r}")
+        if self.baseline not in ("", *BASELINES):
+            raise ValueError(f"--baseline must be one of {', '.join(BASELINES)}, got {self.baseline!r}")
         if not set(self.game_names) <= {"tictactoe", "kuhn"}:
             raise ValueError(f"--games must name tictactoe and/or kuhn, got {self.games!r}")
         json.loads(self.algorithm_args or "{}")  # malformed JSON fails before any training
@@ -145,8 +148,8 @@ class Settings:
         after a per-state baseline with "observation"."""
         baseline = self.baseline or RECIPE_BASELINE[spec]
         per_state = [{"name": "BaselineByObservation"}] if baseline == "observation" else []
-        normalizer = "NormalizeRewardsByOpponent" if baseline == "opponent" else "NormalizeRewardsByEnv"
-        return [*per_state, {"name": normalizer, "args": {"z_score": True}}]
+        normalizer = "NormalizeRewardsByOpponent" if baseline.startswith("opponent") else "NormalizeRewardsByEnv"
+        return [*per_state, {"name": normalizer, "args": {"z_score": True, "by_role": baseline.endswith("-role")}}]
 
     @property
     def game_names(self) -> list[str]:
@@ -518,7 +521,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, list[str]]:
 def run_seed(s: Settings, algorithms: list[str], model: str, infosets, save) -> dict[str, Any]:
     """Warm start, then RL with each algorithm, for `s.seed`; `save()` is called after each algorithm."""
     print(f"seed {s.seed}: warm start, SFT on scripted moves", flush=True)
-    sft = {"tictactoe": (s.sft_games, "random"), "kuhn": (s.kuhn_sft_games, s.kuhn_sft_agent)}
+    sft = {"tictactoe": (s.sft_games, s.sft_agent), "kuhn": (s.kuhn_sft_games, s.kuhn_sft_agent)}
     warm = {game: warm_start(SPECS[game], *sft[game], model, s) for game in s.game_names}
     for game, result in warm.items():
         spec = SPECS[game]

@@ -79,6 +79,18 @@ def test_normalize_rewards_by_opponent_keeps_one_mean_and_std_per_env_and_oppone
     assert [s.reward for s in steps] == [r for r, _, _ in rows]  # inputs untouched
 
 
+def test_by_role_gives_each_seat_its_own_mean_and_std():
+    random_games = [(1, 0, "random"), (1, 0, "random"), (1, 1, "random"), (-1, 1, "random")]
+    rows = [*random_games, (-1, 0, "minimax"), (0, 0, "minimax")]  # (reward, seat, opponent)
+    steps = [replace(_step(pid, reward=r), opponent=o) for r, pid, o in rows]
+    by_env = retra.NormalizeRewardsByEnv(False, by_role=True)(steps)
+    assert [s.reward for s in by_env] == pytest.approx([0.75, 0.75, 1.0, -1.0, -1.25, -0.25])  # seat 0 mean 0.25
+    z = retra.NormalizeRewardsByOpponent(True, by_role=True)(steps)
+    # random seat 0: both won, std 0, so 0; random seat 1: +-1; minimax seat 0: mean -0.5, std 0.5
+    assert [s.reward for s in z] == pytest.approx([0.0, 0.0, 1.0, -1.0, -1.0, 1.0])
+    assert [s.reward for s in steps] == [r for r, _, _ in rows]  # inputs untouched
+
+
 def test_the_buffer_names_each_steps_opponent_from_the_game_record():
     buffer = StepBuffer(max_buffer_size=10)
     steps = (_step(0), _step(1), _step(0))

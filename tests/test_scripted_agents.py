@@ -122,6 +122,19 @@ def test_minimax_is_seeded():
     assert len(set(openings)) > 1  # every opening draws, so the seed picks among all nine
 
 
+def test_minimax_epsilon_plays_a_random_empty_cell_that_often():
+    # O wins at once with cell 2; with epsilon 1/2 about half the moves are any of the five empty cells instead
+    observation = "Current Board:\n\n O | O | 2 \n---+---+---\n X | X | 5 \n---+---+---\n 6 | 7 | 8 \n"
+    agent = make_scripted_agent("tictactoe-minimax:epsilon=1/2", seed=0)
+    moves = [agent.act(observation).action for _ in range(400)]
+    assert set(moves) == {"[2]", "[5]", "[6]", "[7]", "[8]"} and agent.name == "tictactoe-minimax:epsilon=1/2"
+    low, high = wilson_interval(moves.count("[2]"), len(moves))
+    assert low < 0.5 + 0.5 / 5 < high  # the best cell: half the moves, plus a fifth of the random ones
+    assert make_scripted_agent("tictactoe-minimax:epsilon=0", seed=0).name == "tictactoe-minimax"
+    with pytest.raises(ValueError, match="epsilon must be in"):
+        make_scripted_agent("tictactoe-minimax:epsilon=2", seed=0)
+
+
 @pytest.mark.parametrize("env_id", ["TicTacToe-v0-train", "KuhnPoker-v0-train", "Nim-v0-train", "ConnectFour-v0-train"])
 def test_random_agents_never_make_invalid_moves(env_id):
     for seed in range(40):

@@ -79,19 +79,26 @@ def _move_score(board: str, cell: int) -> int:
 
 class TicTacToeMinimaxAgent(Agent):
     """Perfect TicTacToe play by full minimax on the parsed board; ties between equally good moves are broken
-    by the seeded RNG."""
+    by the seeded RNG. With `epsilon` > 0 each move is instead a uniformly random empty cell with probability
+    `epsilon` ('tictactoe-minimax:epsilon=0.5'): a reference opponent, or a teacher, of any strength between
+    random (1) and perfect (0)."""
 
-    name = "tictactoe-minimax"
-
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, epsilon: float = 0):
+        if not 0 <= epsilon <= 1:
+            raise ValueError(f"tictactoe-minimax: epsilon must be in [0, 1], got {epsilon}")
         self._rng = random.Random(seed)
+        self.epsilon = epsilon
+        self.name = f"tictactoe-minimax:epsilon={epsilon}" if epsilon else "tictactoe-minimax"
 
     def act(self, observation: str) -> Decision:
-        """Play one of the best cells for whoever is to move on the current board."""
+        """Play one of the best cells for whoever is to move on the current board (a random one with probability
+        epsilon)."""
         board = _tictactoe_board(observation)
         cells = _empty_cells(board)
         if not cells:
             raise ValueError("the board is full; there is no move to make")
+        if self.epsilon and self._rng.random() < self.epsilon:  # epsilon 0 draws nothing: tie-breaks as before
+            return Decision(action=f"[{self._rng.choice(cells)}]")
         scores = {cell: _move_score(board, cell) for cell in cells}
         best = max(scores.values())
         return Decision(action=f"[{self._rng.choice([c for c in cells if scores[c] == best])}]")

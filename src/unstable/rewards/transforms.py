@@ -169,10 +169,17 @@ class PenaltyForInvalidMove(StepRewardTransform):
 
 
 class NormalizeRewardsByEnv(SamplingRewardTransform):
-    """Subtracts each env's mean reward over the batch; with `z_score` also divides by its (population) std."""
+    """Subtracts each env's mean reward over the batch; with `z_score` also divides by its (population) std.
 
-    def __init__(self, z_score: bool = False, eps: float = 1e-8):
+    With `by_role` each seat (`Step.player_id`) of an env has its own mean and std: SPIRAL's role-conditioned
+    advantage as a batch baseline. In TicTacToe the player who opens wins far more often, so one env-wide
+    mean makes nearly every move of the second seat look bad and buries what separates its good games from its
+    bad ones.
+    """
+
+    def __init__(self, z_score: bool = False, by_role: bool = False, eps: float = 1e-8):
         self.z_score = z_score
+        self.by_role = by_role
         self.eps = eps
 
     def __call__(self, steps: list[Step]) -> list[Step]:
@@ -183,6 +190,10 @@ class NormalizeRewardsByEnv(SamplingRewardTransform):
         return [replace(s, reward=self._normalize(s.reward, *stats[self._key(s)])) for s in steps]
 
     def _key(self, step: Step) -> Hashable:
+        group = self._group(step)
+        return (group, step.player_id) if self.by_role else group
+
+    def _group(self, step: Step) -> Hashable:
         return step.env_id
 
     def _normalize(self, reward: float, mean: float, std: float) -> float:
@@ -198,7 +209,7 @@ class NormalizeRewardsByOpponent(NormalizeRewardsByEnv):
     checkpoint is an opponent of its own, so population play is better served by the env-wide baseline.
     """
 
-    def _key(self, step: Step) -> Hashable:
+    def _group(self, step: Step) -> Hashable:
         return (step.env_id, step.opponent)
 
 
