@@ -68,7 +68,7 @@ RECIPE_ARGS = {(KUHN, "reinforce"): {"ref_kl_coef": 0.1}}
 # z-scored per opponent (a draw against minimax counts above a loss to it, not below the wins against random);
 # Kuhn Poker's mirror games z-score per env (per opponent, every checkpoint would be a group of its own).
 RECIPE_BASELINE = {TICTACTOE: "opponent", KUHN: "env"}
-BASELINES = ("env", "opponent", "observation", "env-role", "opponent-role")
+BASELINES = ("env", "opponent", "observation", "env-role", "opponent-role", "opponent-center", "opponent-role-center")
 # The tiny model's random embeddings are too small for sharp logits; a LoRA on the (tied) output layer fixes that.
 LORA_TARGETS = [*LoraConfig().target_modules, "lm_head"]
 
@@ -101,16 +101,17 @@ class Settings:
     sft_lr: float = 1e-3
     rl_steps: int = 250
     rl_batch_size: int = 64
-    rl_lr: float = 6e-4
+    rl_lr: float = 6e-4  # TicTacToe's (Kuhn Poker: kuhn_rl_lr)
     rl_lr_schedule: str = "cosine"  # learner.lr_schedule: constant, linear or cosine (to rl_min_lr_ratio)
     rl_min_lr_ratio: float = 0.0
+    rl_warmup_steps: int = 0  # learner.warmup_steps: updates of linear warm-up before the schedule
     rl_workers: int = 32
     group_size: int = 4
     algorithm_args: str = ""  # the RL algorithm's keyword arguments as JSON ("": RECIPE_ARGS), e.g. '{"epochs": 4}'
     games: str = "tictactoe,kuhn"  # which games to run, comma-separated
     # the batch baseline ("": RECIPE_BASELINE): "env" z-scores rewards per env; "opponent" per env and opponent
     # (NormalizeRewardsByOpponent); "observation": BaselineByObservation (a per-state baseline), then per env;
-    # "env-role" and "opponent-role": per env (and opponent) and seat (`by_role`)
+    # "-role" also per seat (`by_role`); "-center": each group's mean subtracted, then one std per env
     baseline: str = ""
     discount: float = 1.0  # buffer.discount: a move's reward is the result times discount ** (its later moves)
     select_window: int = 0  # > 0: evaluate the best checkpoint by training games vs the scripted agent (see select)
@@ -119,6 +120,7 @@ class Settings:
     kuhn_sft_agent: str = "kuhn-nash"  # the scripted agent whose moves (both seats) the Kuhn warm start imitates
     kuhn_train_opponent: str = "mirror"  # as --train-opponent, for Kuhn Poker
     kuhn_rl_steps: int = 60
+    kuhn_rl_lr: float = 2e-4  # a third of TicTacToe's: near its equilibrium warm start, self-play's steps are noise
     eval_games: int = 400  # per opponent: 95% intervals about +-0.05
     curve_points: int = 4
     curve_games: int = 100
@@ -149,7 +151,10 @@ class Settings:
         baseline = self.baseline or RECIPE_BASELINE[spec]
         per_state = [{"name": "BaselineByObservation"}] if baseline == "observation" else []
         normalizer = "NormalizeRewardsByOpponent" if baseline.startswith("opponent") else "NormalizeRewardsByEnv"
-        return [*per_state, {"name": normalizer, "args": {"z_score": True, "by_role": baseline.endswith("-role")}}]
+        center = baseline.endswith("-center")
+        group = {"name": normalizer, "args": {"z_score": not center, "by_role": "-role" in baseline}}
+        scale = [{"name": "NormalizeRewardsByEnv", "args": {"z_score": True}}] if center else []
+        return [*per_state, group, *scale]
 
     @property
     def game_names(self) -> list[str]:
@@ -275,9 +280,10 @@ def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, 
         "learner": {
             "num_steps": steps,
             "batch_size": s.rl_batch_size,
-            "learning_rate": s.rl_lr,
+            "learning_rate": s.kuhn_rl_lr if spec == KUHN else s.rl_lr,
             "lr_schedule": s.rl_lr_schedule,
             "min_lr_ratio": s.rl_min_lr_ratio,
+            "warmup_steps": s.rl_warmup_steps,
             "lora": None if s.full else lora_cfg(s),
             "initial_lora_path": adapter,
             "num_threads": max(1, s.threads // 2),
