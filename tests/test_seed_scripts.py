@@ -26,8 +26,9 @@ SEED_MODEL = '"Qwen/Qwen3-1.7B-base"'
 RAY_INIT = ('ray.init(namespace="unstable")', 'ray.init(namespace="unstable", num_cpus=8, num_gpus=3)')
 
 
-def _run(script: str, substitutions: list[tuple[str, str]], cwd: Path, env: dict[str, str]) -> None:
-    """Apply every substitution (each must occur), run the script with `env`, fail with its output if it fails."""
+def _run(script: str, substitutions: list[tuple[str, str]], cwd: Path, env: dict[str, str]) -> str:
+    """Apply every substitution (each must occur), run the script with `env`, fail with its output if it fails;
+    returns its standard output."""
     for old, new in substitutions:
         assert old in script, f"{old!r} is not in the script"
         script = script.replace(old, new)
@@ -37,6 +38,7 @@ def _run(script: str, substitutions: list[tuple[str, str]], cwd: Path, env: dict
         [sys.executable, str(path)], cwd=cwd, env=os.environ | env, capture_output=True, text=True, timeout=900
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return result.stdout
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -95,14 +97,26 @@ def _api_model_reply(number: int, headers: dict, body: dict):
     return 200, completion(f"\\boxed{{{moves[0] if moves else '[0]'}}}")
 
 
+LADDER_MARK = "LADDER:"
+# appended after training: wait for the games in flight, then print the pool's ladder as JSON
+WAIT = f"""
+ray.get(games)
+import json
+print({LADDER_MARK!r} + json.dumps(ray.get(model_pool.metrics.remote())["pool/ladder"]))"""
+
+
 @pytest.mark.parametrize("opponent_up", [True, False], ids=["api-up", "api-down"])
 def test_seed_002_training_script_with_an_api_evaluation_opponent(tiny_model_dir, tmp_path, opponent_up):
     """Training with evaluation games against the seed's API model; when the endpoint is down (HTTP 500 on every
-    retry) those games fail, which `tests/test_api_opponent.py` checks game by game, and training still finishes."""
+    retry) those games fail, which `tests/test_api_opponent.py` checks game by game, and training still finishes.
+
+    The seed's script exits once training ends; here it then waits for the games still in flight (the collector
+    starts no new ones after training) and prints the pool's ladder, so a rated evaluation game does not depend on
+    finishing before the learner's last step."""
     down = (500, {"error": {"message": "down"}})
     with serve(_api_model_reply if opponent_up else lambda *_: down) as chat:
         env = _offline_env(tmp_path) | {"UNSTABLE_API_BASE_URL": chat.url}
-        _run(
+        stdout = _run(
             (ROOT / "examples" / "seed_training.py").read_text(),
             [
                 (SEED_MODEL, repr(tiny_model_dir)),
@@ -113,15 +127,19 @@ def test_seed_002_training_script_with_an_api_evaluation_opponent(tiny_model_dir
                 ('"max_model_len": 8192', '"max_model_len": 1024'),
                 ("batch_size=384", "batch_size=8"),
                 ("max_generation_len=4096", "max_generation_len=8"),
-                ("num_workers=384, num_eval_workers=16", "num_workers=8, num_eval_workers=2"),
-                ("learner.train.remote(200)", "learner.train.remote(2)"),
+                (
+                    "collector.collect.remote(num_workers=384, num_eval_workers=16)",
+                    "games = collector.collect.remote(num_workers=8, num_eval_workers=2)",
+                ),
+                ("ray.get(learner.train.remote(200)) # total update steps", "ray.get(learner.train.remote(2))" + WAIT),
             ],
             tmp_path,
             env,
         )
         requests = len(chat.requests)
+    ladder = json.loads(stdout.split(LADDER_MARK, 1)[1])
     rows = _metrics(tmp_path / "runs" / "demo")
     assert [r["learner/step"] for r in rows] == [1, 2]  # training finished either way
     assert requests > 0, "no evaluation game reached the API opponent"
     if opponent_up:  # eval games were played and rated (a failed game is never rated)
-        assert "google/gemini-2.0-flash-lite-001" in {entry["agent"] for entry in rows[-1]["pool/ladder"]}
+        assert "google/gemini-2.0-flash-lite-001" in {entry["agent"] for entry in ladder}
