@@ -103,7 +103,7 @@ class Settings:
     sft_lr: float = 1e-3
     rl_steps: int = 250
     rl_batch_size: int = 64
-    # TicTacToe's (Kuhn Poker: kuhn_rl_lr); at 6e-4 without warm-up, 3 of 8 seeds' answer format collapsed for a while
+    # TicTacToe's (Kuhn Poker: kuhn_rl_lr); at 6e-4 without warm-up, 7 of 16 seeds' valid-answer rate fell below 0.9
     rl_lr: float = 4e-4
     rl_lr_schedule: str = "cosine"  # learner.lr_schedule: constant, linear or cosine (to rl_min_lr_ratio)
     rl_min_lr_ratio: float = 0.0
@@ -124,7 +124,7 @@ class Settings:
     kuhn_train_opponent: str = "mirror"  # as --train-opponent, for Kuhn Poker
     kuhn_rl_steps: int = 60
     kuhn_rl_lr: float = 2e-4  # near its equilibrium warm start, self-play's large steps swing it into bluffing
-    kuhn_rl_warmup_steps: int = 0
+    kuhn_rl_warmup_steps: int = 0  # as rl_warmup_steps, for Kuhn Poker
     eval_games: int = 400  # per opponent: 95% intervals about +-0.05
     curve_points: int = 4
     curve_games: int = 100

@@ -1,7 +1,8 @@
 """The seed's own scripts run as written: `examples/seed_minimal.py` (seed 000, section 3) and
 `examples/seed_training.py` (seed 002), each in a fresh Python process on Ray, with only the model name (the
 tiny model), sizes, W&B (offline) and the API opponent's base URL (a chat-completions server on 127.0.0.1)
-changed. Each substitution below must match the script exactly, so this list is the whole difference."""
+changed, and seed 002's script waiting for its last games before it prints the pool's ladder. Each substitution
+below must match the script exactly, so this list is the whole difference."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from unstable.games.moves import legal_moves
+from unstable.tracking import keys
 
 from .chat_server import completion, serve
 
@@ -102,7 +104,7 @@ LADDER_MARK = "LADDER:"
 WAIT = f"""
 ray.get(games)
 import json
-print({LADDER_MARK!r} + json.dumps(ray.get(model_pool.metrics.remote())["pool/ladder"]))"""
+print({LADDER_MARK!r} + json.dumps(ray.get(model_pool.metrics.remote())[{keys.POOL_LADDER!r}]))"""
 
 
 @pytest.mark.parametrize("opponent_up", [True, False], ids=["api-up", "api-down"])
