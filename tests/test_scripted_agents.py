@@ -14,6 +14,7 @@ from unstable.agents.scripted import (
     KuhnPokerNashAgent,
     NimOptimalAgent,
     RandomAgent,
+    TicTacToeCenterAgent,
     TicTacToeMinimaxAgent,
     kuhn_infoset,
     make_scripted_agent,
@@ -133,6 +134,16 @@ def test_minimax_epsilon_plays_a_random_empty_cell_that_often():
     assert make_scripted_agent("tictactoe-minimax:epsilon=0", seed=0).name == "tictactoe-minimax"
     with pytest.raises(ValueError, match="epsilon must be in"):
         make_scripted_agent("tictactoe-minimax:epsilon=2", seed=0)
+
+
+def test_center_agent_opens_in_the_center_then_plays_legal_random_cells():
+    empty, center_taken = (first_observation("TicTacToe-v0-train", moves) for moves in ([], ["[4]"]))
+    assert {TicTacToeCenterAgent(seed).act(empty).action for seed in range(5)} == {"[4]"}
+    replies = {TicTacToeCenterAgent(seed).act(center_taken).action for seed in range(40)}
+    assert replies == {f"[{cell}]" for cell in range(9) if cell != 4}  # any other cell once the center is taken
+    for seed in range(10):
+        _, info = play("TicTacToe-v0-train", {0: TicTacToeCenterAgent(seed), 1: RandomAgent(seed)}, seed)
+        assert not info[0]["invalid_move"]
 
 
 @pytest.mark.parametrize("env_id", ["TicTacToe-v0-train", "KuhnPoker-v0-train", "Nim-v0-train", "ConnectFour-v0-train"])
