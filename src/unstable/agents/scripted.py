@@ -106,8 +106,8 @@ class TicTacToeMinimaxAgent(Agent):
 
 class TicTacToeCenterAgent(Agent):
     """The center when it is free, else a uniformly random empty cell: an opening preference and no tactics
-    (0.54 against the random agent, `benchmarks/tictactoe_heuristics.py`); a teacher for warm starts whose
-    policy opens where minimax cannot punish it."""
+    (0.54 against the random agent, `benchmarks/tictactoe_heuristics.py`); a teacher for warm starts that open
+    in the center (`--sft-agent`; docs/learning.md measures one)."""
 
     name = "tictactoe-center"
     CENTER = 4
