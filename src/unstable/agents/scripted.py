@@ -64,6 +64,15 @@ def _empty_cells(board: str) -> list[int]:
     return [cell for cell, mark in enumerate(board) if mark == " "]
 
 
+def _board_to_play(observation: str) -> tuple[str, list[int]]:
+    """The current board and its empty cells; raises when there is no move to make."""
+    board = _tictactoe_board(observation)
+    cells = _empty_cells(board)
+    if not cells:
+        raise ValueError("the board is full; there is no move to make")
+    return board, cells
+
+
 @functools.cache
 def _move_score(board: str, cell: int) -> int:
     """Minimax score, for the player to move, of playing `cell`: a win scores 1 + the empty cells left (so
@@ -93,10 +102,7 @@ class TicTacToeMinimaxAgent(Agent):
     def act(self, observation: str) -> Decision:
         """Play one of the best cells for whoever is to move on the current board (a random one with probability
         epsilon)."""
-        board = _tictactoe_board(observation)
-        cells = _empty_cells(board)
-        if not cells:
-            raise ValueError("the board is full; there is no move to make")
+        board, cells = _board_to_play(observation)
         if self.epsilon and self._rng.random() < self.epsilon:  # epsilon 0 draws nothing: tie-breaks as before
             return Decision(action=f"[{self._rng.choice(cells)}]")
         scores = {cell: _move_score(board, cell) for cell in cells}
@@ -117,10 +123,7 @@ class TicTacToeCenterAgent(Agent):
 
     def act(self, observation: str) -> Decision:
         """The center if it is empty, otherwise a random empty cell of the current board."""
-        board = _tictactoe_board(observation)
-        cells = _empty_cells(board)
-        if not cells:
-            raise ValueError("the board is full; there is no move to make")
+        _, cells = _board_to_play(observation)
         cell = self.CENTER if self.CENTER in cells else self._rng.choice(cells)
         return Decision(action=f"[{cell}]")
 
