@@ -134,11 +134,48 @@ def test_ppo_clips_the_ratio_on_a_hand_example():
 def test_a2c_pg_and_value_loss():
     batch, logp = _hand_batch()
     values = torch.tensor([0.5, -0.2], requires_grad=True)
-    pg_loss, value_loss = A2C().loss(logp, values, batch, n=2)
-    assert pg_loss.item() == pytest.approx(-((1 - 0.5) * -2.0 + (-1 + 0.2) * -4.0) / 2)  # A = r - V
+    pg_loss, value_loss = A2C().loss(logp, values, batch.rewards, batch, n=2)
+    assert pg_loss.item() == pytest.approx(-((1 - 0.5) * -2.0 + (-1 + 0.2) * -4.0) / 2)  # A = G - V, G = r
     assert value_loss.item() == pytest.approx(((0.5 - 1) ** 2 + (-0.2 + 1) ** 2) / 2)
     pg_loss.backward()
     assert values.grad is None  # the advantage's V is detached: pg_loss does not train the value
+
+
+class _ValueOfFirstToken(torch.nn.Module):
+    """A value head reading the encodings `_FirstTokenPolicy` makes: V(s) = the state's first prompt token / 10."""
+
+    def forward(self, encodings):
+        return encodings[:, 0] / 10
+
+
+class _FirstTokenPolicy:
+    """Just enough of a TrainablePolicy for `A2C.targets`: each row's encoding is its first token."""
+
+    def micro_batches(self, steps):
+        return micro_batches(steps, pad_id=0, token_budget=4)  # two or more micro-batches for five states
+
+    def forward(self, batch, encodings=False):
+        return PolicyOutput(torch.zeros(batch.completion_mask.shape), encodings=batch.input_ids[:, :1].float())
+
+
+@pytest.mark.parametrize(
+    "bootstrap, expected", [(0.0, [1.0, -1.0, 0.5]), (1.0, [0.7, 0.2, 0.5]), (0.5, [0.85, -0.4, 0.5])]
+)
+def test_a2c_targets_bootstrap_from_the_players_next_decision(bootstrap, expected):
+    steps = [
+        _step(reward=1.0, next_prompt_token_ids=(7, 1)),  # V(s') = 0.7
+        _step(reward=-1.0, next_prompt_token_ids=(2,)),  # V(s') = 0.2
+        _step(reward=0.5),  # the player's last decision: its reward, whatever b
+    ]
+    algorithm = A2C(bootstrap=bootstrap)
+    algorithm.value_head = _ValueOfFirstToken()
+    assert algorithm.targets(steps, _FirstTokenPolicy()).tolist() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("bootstrap", [-0.1, 1.5])
+def test_a2c_refuses_a_bootstrap_weight_outside_zero_to_one(bootstrap):
+    with pytest.raises(ValueError, match="bootstrap"):
+        A2C(bootstrap=bootstrap)
 
 
 def test_one_step_vtrace_and_awr_weights():

@@ -167,6 +167,16 @@ def test_discount_scales_each_move_by_its_players_later_moves_before_the_step_st
     assert [s.reward for s in buffer.steps] == [0.25, -0.25, 0.5, -1.5, -1.0, 1.0]
 
 
+def test_each_step_carries_its_players_next_decision_prompt():
+    steps = tuple(replace(_step(pid), turn=turn, prompt_token_ids=(turn,)) for turn, pid in enumerate([0, 1, 0, 1, 0]))
+    buffer = StepBuffer(max_buffer_size=10)
+    buffer.add_game(
+        GameRecord("TicTacToe-v0-train", 0, {0: "a", 1: "b"}, steps, {0: 1, 1: -1}, learner_player_ids=(0, 1))
+    )
+    # player 0 decides at turns 0, 2, 4; player 1 at 1, 3; a player's last decision has none
+    assert [s.next_prompt_token_ids for s in buffer.steps] == [(2,), (3,), (4,), (), ()]
+
+
 @pytest.mark.parametrize("discount", [0.0, -0.5, 1.5])
 def test_a_discount_outside_zero_to_one_is_refused(discount):
     with pytest.raises(ValueError, match="discount"):

@@ -97,6 +97,8 @@ class Step:
     `group_id` is shared by the decisions sampled from one copied game state (see `games.branching`); the
     group's mean reward is their baseline. `opponent` names the agents in the other seats ('+'-joined), set by
     the StepBuffer, so a per-opponent baseline can compare games against the same opponent.
+    `next_prompt_token_ids`, also set by the StepBuffer, is the prompt of the same player's next decision in the
+    game (empty at its last): the state whose value a bootstrapping critic (`A2C(bootstrap=...)`) reads.
     """
 
     env_id: str
@@ -117,6 +119,7 @@ class Step:
     reward: float = 0.0
     group_id: str | None = None
     opponent: str = ""
+    next_prompt_token_ids: tuple[int, ...] = ()
 
     @property
     def has_tokens(self) -> bool:

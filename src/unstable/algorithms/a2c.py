@@ -1,13 +1,19 @@
-"""A2C: policy gradient with a learned state value as the baseline.
+"""A2C: policy gradient with a learned state value as the baseline, its target optionally bootstrapped.
 
 A value head reads the model's last hidden state at the last prompt token (the state the decision was made
-in). With V_i its prediction and r_i the step's reward (the game's outcome for that decision, after shaping):
+in). With V_i its prediction, r_i the step's reward (the game's outcome for that decision, after shaping) and
+s'_i the state of the same player's next decision in the game (`Step.next_prompt_token_ids`):
 
-    A_i        = r_i - V_i                                    (V_i detached)
+    G_i        = (1 - b) r_i + b V(s'_i)    if the player decides again, else r_i    (V(s'_i) without gradient)
+    A_i        = G_i - V_i                                                           (V_i detached)
     pg_loss    = -(1/N) sum_i A_i * sum_t log pi(a_it | s_i, a_i<t) / D
-    value_loss = (1/N) sum_i (V_i - r_i)^2
+    value_loss = (1/N) sum_i (V_i - G_i)^2
     loss       = pg_loss + value_coef * value_loss
 
+b = `bootstrap`: 0 (the default) is the Monte Carlo target, every decision credited with its game's result;
+1 is the temporal difference TD(0): a decision is credited with the change in value it caused, so a move that
+wins at once stands out from the moves of a game won later, at the price of the critic's bias. Rewards arrive
+only at a game's end, so there is no discount on V(s'_i) (the StepBuffer's `discount` already shapes r_i).
 The value loss trains the head and, through the shared hidden state, the policy's own weights. One optimizer
 step per batch; the head's parameters join the learner's optimizer (at `value_lr`). D as in `Reinforce`.
 """
@@ -15,6 +21,7 @@ step per batch; the head's parameters join the learner's optimizer (at `value_lr
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -35,11 +42,15 @@ class A2C(BaseAlgo):
         value_coef: float = 0.5,
         value_lr: float | None = 1e-3,
         value_hidden_sizes: Sequence[int] = (),
+        bootstrap: float = 0.0,
         max_generation_len: int | None = None,
     ):
+        if not 0.0 <= bootstrap <= 1.0:
+            raise ValueError(f"bootstrap must be in [0, 1], got {bootstrap}")
         self.value_coef = value_coef
         self.value_lr = value_lr
         self.value_hidden_sizes = tuple(value_hidden_sizes)
+        self.bootstrap = bootstrap
         self.max_generation_len = max_generation_len
         self.value_head = None
 
@@ -50,12 +61,13 @@ class A2C(BaseAlgo):
     def update(self, steps: list[Step], policy: TrainablePolicy) -> dict[str, float]:
         """One gradient step over the whole batch."""
         n = len(steps)
+        targets = self.targets(steps, policy)  # (N,)
         totals = {keys.LOSS: 0.0, keys.PG_LOSS: 0.0, keys.VALUE_LOSS: 0.0, keys.VALUE_MEAN: 0.0}
         for batch in self.prepare_batch(steps, policy):
             out = policy.forward(batch, encodings=True)
             values = self.value_head(out.encodings)  # (b,)
             policy.track_ratios(out.logprobs, batch)
-            pg_loss, value_loss = self.loss(out.logprobs, values, batch, n)
+            pg_loss, value_loss = self.loss(out.logprobs, values, targets[batch.rows].to(values.device), batch, n)
             loss = pg_loss + self.value_coef * value_loss
             loss.backward()
             totals[keys.LOSS] += loss.item()
@@ -64,14 +76,31 @@ class A2C(BaseAlgo):
             totals[keys.VALUE_MEAN] += values.detach().sum().item() / n
         return totals | {keys.GRAD_NORM: policy.optimizer_step()}
 
+    @torch.no_grad()
+    def targets(self, steps: list[Step], policy: TrainablePolicy) -> torch.Tensor:
+        """Each step's value target G_i (see the module docstring), `(N,)` on the CPU."""
+        targets = torch.tensor([s.reward for s in steps], dtype=torch.float32)  # (N,)
+        rows = [i for i, s in enumerate(steps) if s.next_prompt_token_ids] if self.bootstrap > 0 else []
+        if not rows:
+            return targets
+        next_states = [
+            replace(steps[i], prompt_token_ids=steps[i].next_prompt_token_ids, completion_token_ids=()) for i in rows
+        ]
+        next_values = torch.zeros(len(rows))  # (M,)
+        for batch in policy.micro_batches(next_states):
+            next_values[batch.rows] = self.value_head(policy.forward(batch, encodings=True).encodings).float().cpu()
+        index = torch.tensor(rows)  # (M,)
+        targets[index] = (1 - self.bootstrap) * targets[index] + self.bootstrap * next_values
+        return targets
+
     def loss(
-        self, logp: torch.Tensor, values: torch.Tensor, batch: TokenBatch, n: int
+        self, logp: torch.Tensor, values: torch.Tensor, targets: torch.Tensor, batch: TokenBatch, n: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """This micro-batch's shares of pg_loss and value_loss over `n` steps (returns r_i = `batch.rewards`)."""
-        advantages = batch.rewards - values.detach()  # (b,)
+        """This micro-batch's shares of pg_loss and value_loss over `n` steps, given its value targets G_i."""
+        advantages = targets - values.detach()  # (b,)
         seq_logp = normalized_sum(logp, batch.completion_mask, self.max_generation_len)  # (b,)
         pg_loss = -(advantages * seq_logp).sum() / n
-        value_loss = ((values - batch.rewards) ** 2).sum() / n
+        value_loss = ((values - targets) ** 2).sum() / n
         return pg_loss, value_loss
 
     def state_dict(self) -> dict[str, Any]:

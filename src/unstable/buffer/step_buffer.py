@@ -18,7 +18,8 @@ class StepBuffer:
     Only steps of the learner's seats that carry model tokens are kept; failed games add nothing. Each step
     starts from its player's final reward times `discount ** k`, k the decisions that player made after it
     (1.0, the default, gives every decision the game's result; below 1 the moves that decided the game count most),
-    and is labelled with its opponent (`Step.opponent`: the other seats' agent names) for per-opponent baselines.
+    is labelled with its opponent (`Step.opponent`: the other seats' agent names) for per-opponent baselines,
+    and carries its player's next decision prompt (`Step.next_prompt_token_ids`) for bootstrapping critics.
     `get_batch` removes a uniformly drawn batch and applies the sampling-stage transform to it; steps that
     share a `group_id` are drawn together, so a group-relative baseline sees the whole group.
     """
@@ -58,11 +59,12 @@ class StepBuffer:
         if self.final_transform is not None:
             rewards = self.final_transform(rewards, env_id=record.env_id)
         added = 0
-        for step, later in zip(record.steps, _decisions_after(record.steps)):
+        for step, (later, next_prompt) in zip(record.steps, _later_decisions(record.steps)):
             if step.player_id not in record.learner_player_ids or not step.has_tokens:
                 continue
             reward = float(rewards[step.player_id]) * self.discount**later
-            step = replace(step, reward=reward, opponent=_opponent(record, step.player_id))
+            opponent = _opponent(record, step.player_id)
+            step = replace(step, reward=reward, opponent=opponent, next_prompt_token_ids=next_prompt)
             if self.step_transform is not None:
                 step = self.step_transform(step, env_id=record.env_id)
             if len(self.steps) == self.max_buffer_size:
@@ -148,11 +150,14 @@ def _opponent(record: GameRecord, player_id: int) -> str:
     return "+".join(name for pid, name in sorted(record.players.items()) if pid != player_id)
 
 
-def _decisions_after(steps: tuple[Step, ...]) -> list[int]:
-    """For each step, how many decisions its player makes later in the game."""
+def _later_decisions(steps: tuple[Step, ...]) -> list[tuple[int, tuple[int, ...]]]:
+    """For each step, how many decisions its player makes later in the game and the prompt tokens of the next
+    one (empty at the player's last)."""
     seen: Counter[int] = Counter()
-    after = []
+    next_prompt: dict[int, tuple[int, ...]] = {}
+    later = []
     for step in reversed(steps):
-        after.append(seen[step.player_id])
+        later.append((seen[step.player_id], next_prompt.get(step.player_id, ())))
         seen[step.player_id] += 1
-    return after[::-1]
+        next_prompt[step.player_id] = step.prompt_token_ids
+    return later[::-1]
