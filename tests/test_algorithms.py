@@ -152,7 +152,7 @@ class _FirstTokenPolicy:
     """Just enough of a TrainablePolicy for `A2C.targets`: each row's encoding is its first token."""
 
     def micro_batches(self, steps):
-        return micro_batches(steps, pad_id=0, token_budget=4)  # two or more micro-batches for five states
+        return micro_batches(steps, pad_id=0, token_budget=2)  # one state per micro-batch: `rows` puts them back
 
     def forward(self, batch, encodings=False):
         return PolicyOutput(torch.zeros(batch.completion_mask.shape), encodings=batch.input_ids[:, :1].float())
