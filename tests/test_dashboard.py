@@ -121,7 +121,7 @@ def test_the_dashboard_follows_a_live_run_under_tmux(tmp_path, tiny_model_dir):
         tmux = ["tmux", "-L", socket, "new-session", "-d", "-s", session, "-x", "160", "-y", "50", dashboard]
         subprocess.run(tmux, check=True)
         frames = []
-        # generous bounds, not a speed check: alone the run takes ~2 min, on a busy 2-core machine over 3.5
+        # generous bounds, not a speed check: alone the run takes ~2 minutes, beside other work on 2 cores over 3.5
         deadline = time.time() + 420
         while time.time() < deadline and "finished" not in (frames or [""])[-1]:
             time.sleep(1.0)
