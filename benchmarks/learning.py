@@ -174,6 +174,17 @@ class Settings:
         """(model path, adapter) that load `checkpoint`: a full model directory, or an adapter on `model`."""
         return (checkpoint, None) if self.full else (model, checkpoint)
 
+    def curve(self, spec: EnvSpec) -> list[int]:
+        """The learner steps `spec`'s curve evaluates (0 is the warm start; TicTacToe's last is the final one)."""
+        if spec == KUHN:
+            return curve_steps(self.kuhn_rl_steps, self.curve_points * 2)
+        return curve_steps(self.rl_steps, self.curve_points)
+
+    def retention(self, spec: EnvSpec) -> dict[str, Any]:
+        """learner.retention of `spec`'s RL runs: the curve's checkpoints and the last step's state (every step
+        with `--select-window`, whose choice may fall on any of them): a 250-step seed keeps 32 MB, not 1.7 GB."""
+        return {} if self.select_window else {"keep_last": 1, "keep_steps": self.curve(spec)}
+
     def opponents(self, spec: EnvSpec) -> list[str]:
         """The scripted agents `spec`'s RL games are played against (none: mirror self-play only)."""
         names = self.kuhn_train_opponent if spec == KUHN else self.train_opponent
@@ -291,6 +302,7 @@ def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, 
             "lora": None if s.full else lora_cfg(s),
             "initial_lora_path": adapter,
             "num_threads": max(1, s.threads // 2),
+            "retention": s.retention(spec),
             "algorithm": {"name": algorithm, "args": s.algorithm_kwargs(spec, algorithm)},
         },
         "evaluation": {"games_at_start": 0, "games_at_end": 0},
@@ -304,7 +316,8 @@ def train_rl(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, s
     start = time.time()
     rows: list[dict[str, Any]] = []
     summary = train(validate_config(rl_config(spec, algorithm, warm, steps, model, s)), on_row=rows.append)
-    checkpoints = {0: warm} | {k: f"{summary.run_dir}/checkpoints/ckpt-{k}" for k in range(1, steps + 1)}
+    kept = range(1, steps + 1) if s.select_window else [k for k in s.curve(spec) if k > 0]
+    checkpoints = {0: warm} | {k: f"{summary.run_dir}/checkpoints/ckpt-{k}" for k in kept}
     keep = ("learner/step", "time", "learner/mean_reward", "collector/format_ok_rate", "collector/invalid_move_rate")
     keep += (keys.REF_KL,)
     return {
@@ -361,7 +374,7 @@ def tictactoe(algorithm: str, warm: dict[str, Any], model: str, s: Settings) -> 
     run = train_rl(TICTACTOE, algorithm, warm["checkpoint"], s.rl_steps, model, s)
     final = evaluate_at(TICTACTOE, model, run["checkpoints"][s.rl_steps], OPPONENTS[TICTACTOE], s.eval_games, s)
     curve = [outcome_point(0, warm["eval"], "random")]
-    for step in curve_steps(s.rl_steps, s.curve_points)[1:-1]:
+    for step in s.curve(TICTACTOE)[1:-1]:
         report = evaluate_at(TICTACTOE, model, run["checkpoints"][step], ["random"], s.curve_games, s)
         curve.append(outcome_point(step, report, "random"))
     curve.append(outcome_point(s.rl_steps, final, "random"))
@@ -381,7 +394,7 @@ def kuhn(algorithm: str, warm: dict[str, Any], model: str, infosets, s: Settings
     """RL on Kuhn Poker, exploitability at evenly spaced checkpoints, and the final evaluation."""
     run = train_rl(KUHN, algorithm, warm["checkpoint"], s.kuhn_rl_steps, model, s)
     curve = []
-    for step in curve_steps(s.kuhn_rl_steps, s.curve_points * 2):
+    for step in s.curve(KUHN):
         base, adapter = s.policy(model, run["checkpoints"][step])
         curve.append({"step": step, **kuhn_exploitability(base, KUHN, adapter, s.temperature, infosets)})
     final = evaluate_at(KUHN, model, run["checkpoints"][s.kuhn_rl_steps], OPPONENTS[KUHN], s.eval_games, s)
