@@ -5,7 +5,7 @@ it learns the answer format and, at best, which moves are legal, but no strategy
 random agent and minimax, trained with `unstable.runtime.train` against the pool (by default three games in four
 against the random agent and one against minimax; `--self-play` adds mirror self-play, `--train-opponent mirror` is
 self-play only; Reinforce without a KL penalty: `RECIPE_ARGS`; rewards z-scored per opponent: `RECIPE_BASELINE`; lr
-4e-4 after 10 warm-up updates), and evaluated again at saved checkpoints.
+4e-4 after 10 warm-up updates, 128 steps per update), and evaluated again at saved checkpoints.
 Kuhn Poker (`KuhnPoker-v0-single`: one hand per game, rewarded in chips): warm-started by SFT on the equilibrium's
 moves (`--kuhn-sft-agent random` for random moves, from which every RL variant stayed card-blind), trained by mirror
 self-play (`--kuhn-train-opponent`; Reinforce with a KL penalty to the warm start), with the exact exploitability of
@@ -102,7 +102,9 @@ class Settings:
     sft_batch_size: int = 16
     sft_lr: float = 1e-3
     rl_steps: int = 250
-    rl_batch_size: int = 64
+    # TicTacToe's (Kuhn Poker: kuhn_rl_batch_size); at 64 one seed in three settled early on a favourite corner that
+    # minimax beats, at 128 each of three opened in the center (docs/learning.md, "the favourite cell")
+    rl_batch_size: int = 128
     # TicTacToe's (Kuhn Poker: kuhn_rl_lr); at 6e-4 without warm-up, 7 of 16 seeds' valid-answer rate fell below 0.9
     rl_lr: float = 4e-4
     rl_lr_schedule: str = "cosine"  # learner.lr_schedule: constant, linear or cosine (to rl_min_lr_ratio)
@@ -124,6 +126,7 @@ class Settings:
     kuhn_train_opponent: str = "mirror"  # as --train-opponent, for Kuhn Poker
     kuhn_rl_steps: int = 60
     kuhn_rl_lr: float = 2e-4  # near its equilibrium warm start, self-play's large steps swing it into bluffing
+    kuhn_rl_batch_size: int = 64
     kuhn_rl_warmup_steps: int = 0  # as rl_warmup_steps, for Kuhn Poker
     eval_games: int = 400  # per opponent: 95% intervals about +-0.05
     curve_points: int = 4
@@ -173,6 +176,10 @@ class Settings:
     def policy(self, model: str, checkpoint: str) -> tuple[str, str | None]:
         """(model path, adapter) that load `checkpoint`: a full model directory, or an adapter on `model`."""
         return (checkpoint, None) if self.full else (model, checkpoint)
+
+    def batch_size(self, spec: EnvSpec) -> int:
+        """The learner's batch (steps per update) in `spec`'s RL runs."""
+        return self.kuhn_rl_batch_size if spec == KUHN else self.rl_batch_size
 
     def curve(self, spec: EnvSpec) -> list[int]:
         """The learner steps `spec`'s curve evaluates (0 is the warm start; TicTacToe's last is the final one)."""
@@ -283,7 +290,7 @@ def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, 
         },
         "pool": s.pool(spec),
         "buffer": {
-            "max_buffer_size": 2 * s.rl_batch_size,
+            "max_buffer_size": 2 * s.batch_size(spec),
             "discount": s.discount,
             # the env's own rewards: TicTacToe +1/0/-1, single-hand Kuhn Poker the chips won (+-1, +-2)
             "final_reward_transforms": [],
@@ -294,7 +301,7 @@ def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, 
         },
         "learner": {
             "num_steps": steps,
-            "batch_size": s.rl_batch_size,
+            "batch_size": s.batch_size(spec),
             "learning_rate": s.kuhn_rl_lr if spec == KUHN else s.rl_lr,
             "lr_schedule": s.rl_lr_schedule,
             "min_lr_ratio": s.rl_min_lr_ratio,
