@@ -102,8 +102,8 @@ class Settings:
     sft_batch_size: int = 16
     sft_lr: float = 1e-3
     rl_steps: int = 250
-    # TicTacToe's (Kuhn Poker: kuhn_rl_batch_size); at 64 one seed in three settled early on a favourite corner that
-    # minimax beats, at 128 each of three opened in the center (docs/learning.md, "the favourite cell")
+    # TicTacToe's (Kuhn Poker: kuhn_rl_batch_size); at 64, recipes that won more against random had a seed settle
+    # early on a favourite corner that minimax beats; at 128 six seeds of six opened in the center (docs/learning.md)
     rl_batch_size: int = 128
     # TicTacToe's (Kuhn Poker: kuhn_rl_lr); at 6e-4 without warm-up, 7 of 16 seeds' valid-answer rate fell below 0.9
     rl_lr: float = 4e-4
