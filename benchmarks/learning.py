@@ -322,8 +322,9 @@ def train_rl(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, s
     print(f"  {spec.env_id}: {algorithm}, {s.opponents_label(spec)}", flush=True)
     start = time.time()
     rows: list[dict[str, Any]] = []
-    summary = train(validate_config(rl_config(spec, algorithm, warm, steps, model, s)), on_row=rows.append)
-    kept = range(1, steps + 1) if s.select_window else [k for k in s.curve(spec) if k > 0]
+    config = validate_config(rl_config(spec, algorithm, warm, steps, model, s))
+    summary = train(config, on_row=rows.append)
+    kept = [k for k in range(1, steps + 1) if config.learner.retention.keeps(k, steps)]
     checkpoints = {0: warm} | {k: f"{summary.run_dir}/checkpoints/ckpt-{k}" for k in kept}
     keep = ("learner/step", "time", "learner/mean_reward", "collector/format_ok_rate", "collector/invalid_move_rate")
     keep += (keys.REF_KL,)
