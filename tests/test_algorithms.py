@@ -434,10 +434,11 @@ def test_algorithms_train_through_the_interface_not_the_learner():
 @pytest.mark.parametrize("chunk", [1, 4096])
 def test_policy_log_probs_equal_a_full_vocabulary_softmax_without_building_one(tiny_model_dir, bandit, chunk):
     cfg = LearnerConfig(lora=LoraConfig(lora_rank=4, target_modules=["q_proj", "lm_head"]), logit_chunk_tokens=chunk)
-    policy = PolicyModel(tiny_model_dir, cfg, temperature=0.7)
+    policy = PolicyModel(tiny_model_dir, cfg)
     torch.manual_seed(0)
     policy.load()
-    steps = [_step(prompt=bandit["prompt"], completion=c) for c in (bandit["good"], bandit["other_prompt"][:3])]
+    completions = (bandit["good"], bandit["other_prompt"][:3])
+    steps = [_step(prompt=bandit["prompt"], completion=c, temperature=0.7) for c in completions]  # sampled at 0.7
     batch = collate(steps, policy.pad_id)
     out = policy.forward(batch, encodings=True, entropy=True)
     with torch.no_grad():
@@ -449,6 +450,41 @@ def test_policy_log_probs_equal_a_full_vocabulary_softmax_without_building_one(t
     torch.testing.assert_close(out.entropy, entropy, atol=1e-5, rtol=1e-5)
     rows = torch.arange(2)
     torch.testing.assert_close(out.encodings, full.hidden_states[-1][rows, decision_positions(batch)])
+
+
+@pytest.mark.parametrize("chunk", [1, 4096])
+def test_top_p_log_probs_renormalise_over_the_learners_own_nucleus_and_the_target(tiny_model_dir, bandit, chunk):
+    """Each row is scored under its own sampling settings: log p_T(t) - log of the mass of the current top-p
+    nucleus plus t (greedy rows: temperature 1, no cut). A target outside the nucleus keeps a finite log-prob and
+    gradient."""
+    cfg = LearnerConfig(lora=LoraConfig(lora_rank=4, target_modules=["q_proj", "lm_head"]), logit_chunk_tokens=chunk)
+    policy = PolicyModel(tiny_model_dir, cfg)
+    torch.manual_seed(0)
+    policy.load()
+    settings = [(0.7, 0.5), (1.3, 1.0), (0.0, 0.5), (1.0, 0.3)]  # (temperature, top_p) per row
+    completions = (bandit["good"], bandit["bad"], bandit["other_prompt"][:3], bandit["bad"])
+    steps = [
+        _step(prompt=bandit["prompt"], completion=c, temperature=t, top_p=p) for c, (t, p) in zip(completions, settings)
+    ]
+    batch = collate(steps, policy.pad_id)
+    out = policy.forward(batch)
+    with torch.no_grad():
+        logits = policy.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+    expected, outside = torch.zeros_like(out.logprobs), 0
+    for row, col in batch.completion_mask.nonzero().tolist():
+        temperature, top_p = settings[row] if settings[row][0] > 0 else (1.0, 1.0)  # greedy: temperature 1, no cut
+        probs = torch.softmax(logits[row, col] / temperature, -1)  # (V,)
+        ranked, order = probs.sort(descending=True)
+        nucleus = set(order[: int((ranked.cumsum(0) - ranked < top_p).sum())].tolist()) if top_p < 1 else set()
+        target = int(batch.input_ids[row, col + 1])
+        outside += top_p < 1 and target not in nucleus
+        support = list(nucleus | {target}) if top_p < 1 else slice(None)
+        expected[row, col] = torch.log(probs[target] / probs[support].sum())
+    assert outside > 0  # some targets left the nucleus: scored over the nucleus plus themselves
+    torch.testing.assert_close(out.logprobs.detach(), expected, atol=1e-5, rtol=1e-5)
+    out.logprobs.sum().backward()
+    grads = [p.grad for p in policy.trainable_parameters()]
+    assert all(torch.isfinite(g).all() for g in grads) and any(g.abs().sum() > 0 for g in grads)
 
 
 def test_packed_sequences_and_bf16_autocast_give_the_padded_float32_log_probs(tiny_model_dir, bandit):

@@ -192,16 +192,71 @@ def test_batch_naming_more_adapters_than_max_loras_is_split(tiny_model_dir, tmp_
     server.stop()
 
 
-def test_behaviour_logprobs_are_the_untruncated_tempered_distribution_under_top_p(tiny_model_dir):
+def test_behaviour_logprobs_are_the_renormalised_top_p_nucleus_they_were_sampled_from(tiny_model_dir):
+    """Under top_p < 1 a token's recorded log-prob is its log-probability under the distribution it was drawn
+    from: tempered, cut to the nucleus and renormalised (vLLM's processed log-probs are the same); the result says
+    which temperature and top_p that was."""
     backend = TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=6, temperature=0.7, top_p=0.5))
     result = backend.generate([GenerationRequest(PROMPT)])[0]
     ids = torch.tensor([list(result.prompt_token_ids) + list(result.completion_token_ids)])
     with torch.no_grad():
         logits = backend.model(ids).logits[0, len(result.prompt_token_ids) - 1 : -1] / 0.7  # (T, V)
-    logp = torch.log_softmax(logits, -1)
-    tokens = torch.tensor(result.completion_token_ids)
-    assert result.logprobs == pytest.approx(logp.gather(-1, tokens[:, None]).squeeze(-1).tolist(), abs=1e-4)
-    for step, token in enumerate(tokens.tolist()):  # each token was drawn from the top-p nucleus
-        probs, order = logp[step].exp().sort(descending=True)
-        nucleus = order[: int((probs.cumsum(0) < 0.5).sum()) + 1]
-        assert token in nucleus.tolist()
+    probs = torch.softmax(logits, -1)  # (T, V)
+    truncated, untruncated = [], []
+    for step, token in enumerate(result.completion_token_ids):
+        ranked, order = probs[step].sort(descending=True)
+        size = int((ranked.cumsum(0) - ranked < 0.5).sum())  # the smallest top set whose mass reaches 0.5
+        assert token in order[:size].tolist()  # drawn from the nucleus
+        truncated.append(math.log(probs[step, token] / ranked[:size].sum()))
+        untruncated.append(math.log(probs[step, token]))
+    assert result.logprobs == pytest.approx(truncated, abs=1e-4)
+    assert result.logprobs != pytest.approx(untruncated, abs=1e-3)  # the cut removed some mass
+    assert (result.temperature, result.top_p) == (0.7, 0.5)
+
+
+class OneAtATime:
+    """A backend as an agent's `GenerationClient`: each request is a batch of its own."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def generate(self, request):
+        return self.backend.generate([request])[0]
+
+
+def assert_scored_as_sampled(policy, steps):
+    """The policy's token log-probs of `steps` equal the recorded behaviour log-probs (on-policy ratio 1)."""
+    for batch in policy.micro_batches(steps):
+        with torch.no_grad():
+            logprobs = policy.forward(batch).logprobs  # (b, L-1)
+        completion = batch.completion_mask.bool()
+        torch.testing.assert_close(logprobs[completion], batch.behaviour_logprobs[completion], atol=1e-4, rtol=0)
+
+
+def test_the_learner_scores_steps_under_the_distribution_they_were_sampled_from(tiny_model_dir):
+    """Steps say how they were sampled (temperature 0.7, top_p 0.5) and the learner, on the same weights, gives
+    every token the log-prob the engine recorded."""
+    backend = TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=8, temperature=0.7, top_p=0.5))
+    agent = PolicyAgent(OneAtATime(backend), Checkpoint("ckpt--1"), get_template("qwen3-zs"))
+    record = play_episode(TICTACTOE, {0: agent, 1: RandomAgent(0)}, seed=1, learner_player_ids=(0,))
+    steps = [s for s in record.steps if s.has_tokens]
+    policy = PolicyModel(tiny_model_dir, LearnerConfig(num_threads=None))  # LoRA starts as the base model
+    policy.load()
+    assert_scored_as_sampled(policy, steps)
+    assert {(s.temperature, s.top_p) for s in steps} == {(0.7, 0.5)}
+
+
+def test_a_learner_built_from_the_seed_keywords_scores_steps_at_their_sampling_temperature(tiny_model_dir):
+    """The seed API's learner has no temperature of its own to disagree with the Collector's `vllm_config`: steps
+    sampled at temperature 0.7 say so, and it scores them at 0.7 (its first update is on-policy)."""
+    from unstable.runtime.actors import learner_config_from_seed
+
+    backend = TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=8, temperature=0.7))
+    agent = PolicyAgent(OneAtATime(backend), Checkpoint("ckpt--1"), get_template("qwen3-zs"))
+    record = play_episode(TICTACTOE, {0: agent, 1: RandomAgent(0)}, seed=2, learner_player_ids=(0,))
+    steps = [s for s in record.steps if s.has_tokens]
+    cfg = learner_config_from_seed(batch_size=len(steps), learning_rate=1e-3, lora_cfg={"lora_rank": 4})
+    learner = Learner(PolicyModel(tiny_model_dir, cfg), Reinforce(), cfg)
+    learner.initialize()
+    metrics = learner.train_step(steps)
+    assert metrics[keys.RATIO_MEAN] == pytest.approx(1.0, abs=1e-4)

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from unstable.config import load_config
 from unstable.runtime import train
 from unstable.tracking import keys, new_run_dir
@@ -24,12 +26,14 @@ def test_two_learner_steps_through_ray(tiny_model_dir, tmp_path):
         "evaluation.games_at_end=4",
         "warm_start.games=2",  # the example's warm start, tiny: a few supervised updates of every weight
         "warm_start.epochs=1",
+        "inference.top_p=0.5",  # the learner scores each token under the nucleus it was sampled from
     ]
     rows = []
     summary = train(load_config(EXAMPLE, overrides), on_row=rows.append)
     assert summary.learner_steps == 2 and summary.train_games >= 1
     assert summary.eval_start["games"] + summary.eval_start["failed"] == 4
     assert [r["learner/step"] for r in rows] == [0, 1, 2]
+    assert rows[1][keys.RATIO_MEAN] == pytest.approx(1.0, abs=0.01)  # the first update's batch is on-policy
     assert sum(r["inference/generated_tokens"] for r in rows[1:]) > 0  # per window: a short one may see none
     run_dir = tmp_path / "ray-smoke"
     assert summary.warm_start_checkpoint.startswith(str(run_dir / "warm-start" / "checkpoints"))

@@ -9,18 +9,22 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from unstable.agents.policy import PolicyAgent
+from unstable.agents.scripted import RandomAgent
 from unstable.algorithms import Reinforce
 from unstable.buffer import StepBuffer
 from unstable.collector import Collector
 from unstable.collector.config import CollectorConfig
-from unstable.games import get_template
+from unstable.games import get_template, play_episode
 from unstable.inference import InferenceConfig, InferenceServer, SamplingConfig, make_backend
 from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
 from unstable.pool import ModelPool
 from unstable.records import Checkpoint, EnvSpec, GenerationRequest
 from unstable.rewards import WinDrawLossFormatter
 from unstable.runtime.loop import LearnerLoop
-from unstable.tracking import Tracker
+from unstable.tracking import Tracker, keys
+
+from .test_model_loop import OneAtATime, assert_scored_as_sampled
 
 pytestmark = pytest.mark.vllm
 
@@ -133,6 +137,21 @@ def test_logprobs_match_a_transformers_forward_pass(engine, tiny_model_dir, eos_
     with base.disable_adapter():
         assert plain.logprobs == pytest.approx(_scored_logprobs(base, plain, scale), abs=1e-4)
     assert adapted.logprobs == pytest.approx(_scored_logprobs(base, adapted, scale), abs=1e-4)
+
+
+def test_the_learner_scores_vllm_steps_under_the_distribution_they_were_sampled_from(engine, tiny_model_dir):
+    """At temperature 0.7 and top_p 0.5 vLLM records each token's log-prob under the truncated, renormalised
+    distribution it was drawn from; the steps say how they were sampled and the learner, on the same weights,
+    gives every token the same number (on-policy ratio 1)."""
+    with sampling(engine, temperature=0.7, top_p=0.5):
+        agent = PolicyAgent(OneAtATime(engine), Checkpoint("ckpt--1"), get_template("qwen3-zs"))
+        record = play_episode(TICTACTOE, {0: agent, 1: RandomAgent(0)}, seed=1, learner_player_ids=(0,))
+    steps = [s for s in record.steps if s.has_tokens]
+    assert steps
+    policy = PolicyModel(tiny_model_dir, LearnerConfig(num_threads=None))  # LoRA starts as the base model
+    policy.load()
+    assert_scored_as_sampled(policy, steps)
+    assert {(s.temperature, s.top_p) for s in steps} == {(0.7, 0.5)}
 
 
 def test_lora_changes_greedy_output_and_base_requests_stay_base(engine, random_adapter):
@@ -271,10 +290,12 @@ def test_two_learner_steps_through_ray_with_vllm(tiny_model_dir, tmp_path):
         "evaluation.games_at_start=2", "evaluation.games_at_end=2",
         "run.num_cpus=4",  # each inference actor and the learner reserve one Ray CPU
         "warm_start=null", "learner.lora={lora_rank: 16, lora_alpha: 32}",  # adapters, hot-swapped by vLLM
+        "inference.top_p=0.5",  # the learner scores each token under the nucleus it was sampled from
     ]  # fmt: skip
     rows = []
     summary = train(load_config(EXAMPLE, overrides), on_row=rows.append)
     assert summary.learner_steps == 2 and summary.train_games >= 1
     assert [r["learner/step"] for r in rows] == [0, 1, 2]
+    assert rows[1][keys.RATIO_MEAN] == pytest.approx(1.0, abs=0.01)  # the first update's batch is on-policy
     assert sum(r["inference/generated_tokens"] for r in rows[1:]) > 0  # per window: a short one may see none
     assert (tmp_path / "vllm-smoke" / "checkpoints" / "ckpt-2" / "adapter_model.safetensors").exists()

@@ -18,7 +18,8 @@ from unstable.records import Step
 class TokenBatch:
     """Right-padded `prompt + completion` sequences; every `(B, L-1)` tensor is aligned to the targets.
 
-    `rows[b]` is the index, in the list of steps the batch was cut from, of row `b`.
+    `rows[b]` is the index, in the list of steps the batch was cut from, of row `b`. `temperature[b]` and
+    `top_p[b]` describe the distribution row `b`'s log-probs are taken under (`scoring_settings`).
     """
 
     input_ids: torch.Tensor  # (B, L)
@@ -28,6 +29,8 @@ class TokenBatch:
     rewards: torch.Tensor  # (B,)
     rows: torch.Tensor  # (B,) long, indices into the original list of steps
     steps: list[Step]
+    temperature: torch.Tensor  # (B,) > 0
+    top_p: torch.Tensor  # (B,) in (0, 1]; 1 means no truncation
 
     def to(self, device: str) -> TokenBatch:
         """The batch with its tensors on `device` (`rows` stays on the CPU, it indexes Python lists)."""
@@ -38,7 +41,15 @@ class TokenBatch:
             completion_mask=self.completion_mask.to(device),
             behaviour_logprobs=self.behaviour_logprobs.to(device),
             rewards=self.rewards.to(device),
+            temperature=self.temperature.to(device),
+            top_p=self.top_p.to(device),
         )
+
+
+def scoring_settings(step: Step) -> tuple[float, float]:
+    """The temperature and top_p whose distribution `step`'s behaviour log-probs are under: those it was sampled
+    with, except greedy decoding (temperature 0), whose log-probs are the untruncated temperature-1 ones."""
+    return (step.temperature, step.top_p) if step.temperature > 0 else (1.0, 1.0)
 
 
 def sequence_length(step: Step, max_train_len: int | None) -> int:
@@ -73,7 +84,8 @@ def collate(
             behaviour[row, first - 1 : first - 1 + n_completion] = torch.tensor(step.behaviour_logprobs[:n_completion])
     rewards = torch.tensor([s.reward for s in steps], dtype=torch.float32)  # (B,)
     indices = torch.tensor(list(range(batch)) if rows is None else rows, dtype=torch.long)  # (B,)
-    return TokenBatch(input_ids, attention, completion, behaviour, rewards, indices, list(steps))
+    temperature, top_p = torch.tensor([scoring_settings(s) for s in steps], dtype=torch.float32).unbind(-1)  # (B,)
+    return TokenBatch(input_ids, attention, completion, behaviour, rewards, indices, list(steps), temperature, top_p)
 
 
 def decision_positions(batch: TokenBatch) -> torch.Tensor:

@@ -59,10 +59,12 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class GenerationResult:
-    """A completion with the exact tokens and the log-probability of each under the sampling distribution.
+    """A completion with the exact tokens, the log-probability of each under the distribution it was drawn from,
+    and the `temperature` and `top_p` it was sampled with.
 
-    `logprobs[i] = log softmax(logits / temperature)[completion_token_ids[i]]` (temperature 1 when greedy),
-    the behaviour policy the learner corrects against.
+    `logprobs[i]` is `log q(completion_token_ids[i])`, q the tempered distribution `softmax(logits / temperature)`
+    cut to its top-p nucleus and renormalised (when `top_p < 1`); greedy decoding (`temperature == 0`) records
+    the untruncated temperature-1 log-probs. This is the behaviour policy the learner corrects against.
     """
 
     text: str
@@ -70,11 +72,14 @@ class GenerationResult:
     completion_token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: str = "stop"
+    temperature: float = 1.0
+    top_p: float = 1.0
 
 
 @dataclass(frozen=True)
 class Decision:
-    """What an agent returns for one observation: the action to submit plus, for model agents, the tokens."""
+    """What an agent returns for one observation: the action to submit plus, for model agents, the tokens and
+    the sampling settings they were drawn with (as in `GenerationResult`)."""
 
     action: str
     raw_output: str = ""
@@ -85,6 +90,8 @@ class Decision:
     format_ok: bool = True
     checkpoint: Checkpoint | None = None
     generation_seconds: float = 0.0
+    temperature: float = 1.0
+    top_p: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -92,8 +99,10 @@ class Step:
     """One decision of one player in one game, with everything the learner needs to score it exactly.
 
     `prompt_token_ids` and `completion_token_ids` are the tokens the model actually saw and produced, and
-    `behaviour_logprobs[i]` is the log-probability the sampling policy gave `completion_token_ids[i]`. The
-    learner trains on these tokens as they are, never re-tokenising text. `reward` is set by the StepBuffer.
+    `behaviour_logprobs[i]` is the log-probability the sampling policy gave `completion_token_ids[i]`, under the
+    distribution `temperature` and `top_p` describe (see `GenerationResult`; the defaults, temperature 1 and no
+    truncation, also describe supervised demonstrations). The learner trains on these tokens as they are, never
+    re-tokenising text, and scores them under the same `temperature` and `top_p`. `reward` is set by the StepBuffer.
     `group_id` is shared by the decisions sampled from one copied game state (see `games.branching`); the
     group's mean reward is their baseline. `opponent` names the agents in the other seats ('+'-joined), set by
     the StepBuffer, so a per-opponent baseline can compare games against the same opponent.
@@ -120,6 +129,8 @@ class Step:
     group_id: str | None = None
     opponent: str = ""
     next_prompt_token_ids: tuple[int, ...] = ()
+    temperature: float = 1.0
+    top_p: float = 1.0
 
     @property
     def has_tokens(self) -> bool:

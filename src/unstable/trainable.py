@@ -22,7 +22,7 @@ from unstable.records import Step
 class PolicyOutput:
     """What one forward pass gives an algorithm; every tensor is aligned to `TokenBatch`'s targets."""
 
-    logprobs: torch.Tensor  # (B, L-1) log softmax(logits / temperature) of each target token
+    logprobs: torch.Tensor  # (B, L-1) each target token's log-prob under its row's sampling distribution
     encodings: torch.Tensor | None = None  # (B, H) float32 hidden state at each row's decision (last prompt token)
     entropy: torch.Tensor | None = None  # (B, L-1) entropy of each next-token distribution
 

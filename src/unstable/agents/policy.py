@@ -18,7 +18,8 @@ class GenerationClient(Protocol):
 
 
 class PolicyAgent(Agent):
-    """Plays with the policy `checkpoint` served by `client`, recording tokens and behaviour log-probs."""
+    """Plays with the policy `checkpoint` served by `client`, recording tokens, behaviour log-probs and the
+    sampling settings they were drawn with."""
 
     def __init__(
         self, client: GenerationClient, checkpoint: Checkpoint, template: PromptTemplate, tokenizer: Any = None
@@ -45,4 +46,6 @@ class PolicyAgent(Agent):
             format_ok=format_ok,
             checkpoint=self.checkpoint,
             generation_seconds=time.perf_counter() - start,
+            temperature=result.temperature,
+            top_p=result.top_p,
         )

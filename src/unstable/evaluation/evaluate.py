@@ -88,23 +88,27 @@ def summarize_matches(records: list[GameRecord]) -> dict[str, Any]:
     }
 
 
-def scoring_policy(model_path: str, adapter: str | None = None, temperature: float = 1.0) -> PolicyModel:
-    """The model (plus LoRA `adapter`) loaded for scoring, in eval mode, with log-probs at `temperature`."""
+def scoring_policy(model_path: str, adapter: str | None = None) -> PolicyModel:
+    """The model (plus LoRA `adapter`) loaded for scoring, in eval mode; it scores each step at the step's
+    temperature and top_p."""
     cfg = LearnerConfig(lora=LoraConfig() if adapter else None, initial_lora_path=adapter, num_threads=None)
-    policy = PolicyModel(model_path, cfg, temperature=temperature)
+    policy = PolicyModel(model_path, cfg)
     policy.load()
     policy.model.eval()
     return policy
 
 
-def kuhn_strategy(policy: PolicyModel, spec: EnvSpec, infosets: list[KuhnInfoSet]) -> dict[str, float]:
-    """The model's probability of the aggressive move at each information set, renormalised over the two
-    legal moves, each scored as the completion `template.format_action(move)` + eos."""
-    steps = [
-        supervised_step(Step(spec.env_id, info.env_player_id, 0, info.observation, action), spec, policy.tokenizer)
+def kuhn_strategy(
+    policy: PolicyModel, spec: EnvSpec, infosets: list[KuhnInfoSet], temperature: float = 1.0
+) -> dict[str, float]:
+    """The model's probability of the aggressive move at each information set at `temperature`, renormalised
+    over the two legal moves, each scored as the completion `template.format_action(move)` + eos."""
+    moves = [
+        Step(spec.env_id, info.env_player_id, 0, info.observation, action, temperature=temperature)
         for info in infosets
         for action in info.legal_actions
     ]
+    steps = [supervised_step(move, spec, policy.tokenizer) for move in moves]
     scores = iter(policy.completion_logprobs(steps))
     return {info.key: aggressive_probability({a: next(scores) for a in info.legal_actions}) for info in infosets}
 
@@ -119,7 +123,7 @@ def kuhn_exploitability(
     """Exact exploitability (chips per round) of the model's first-round Kuhn Poker policy at `temperature`,
     with the strategy it was computed from. Pass `infosets` to reuse `kuhn_information_sets(spec.env_id)`."""
     infosets = infosets if infosets is not None else list(kuhn_information_sets(spec.env_id))
-    strategy = kuhn_strategy(scoring_policy(model_path, adapter, temperature), spec, infosets)
+    strategy = kuhn_strategy(scoring_policy(model_path, adapter), spec, infosets, temperature)
     return {"exploitability": float(exploitability(strategy)), "strategy": strategy}
 
 

@@ -157,4 +157,6 @@ def _make_step(env_id: str, player_id: int, turn: int, observation: str, d: Deci
         checkpoint_uid=d.checkpoint.uid if d.checkpoint else None,
         policy_version=d.checkpoint.version if d.checkpoint else 0,
         generation_seconds=d.generation_seconds,
+        temperature=d.temperature,
+        top_p=d.top_p,
     )

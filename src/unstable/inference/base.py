@@ -28,11 +28,25 @@ def prompt_too_long(prompt_ids: list[int]) -> GenerationResult:
 
 
 def decoded_result(
-    tokenizer, prompt_ids: list[int], tokens: list[int], logprobs: list[float], finish_reason: str
+    tokenizer,
+    prompt_ids: list[int],
+    tokens: list[int],
+    logprobs: list[float],
+    finish_reason: str,
+    sampling: SamplingConfig,
 ) -> GenerationResult:
-    """A result whose text is the completion decoded without special tokens (the eos token stays in the ids)."""
+    """A result whose text is the completion decoded without special tokens (the eos token stays in the ids),
+    saying the temperature and top_p of `sampling`, which drew the tokens."""
     text = tokenizer.decode(tokens, skip_special_tokens=True)
-    return GenerationResult(text, tuple(prompt_ids), tuple(tokens), tuple(logprobs), finish_reason)
+    return GenerationResult(
+        text,
+        tuple(prompt_ids),
+        tuple(tokens),
+        tuple(logprobs),
+        finish_reason,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+    )
 
 
 class InferenceBackend(ABC):

@@ -14,7 +14,9 @@ class InferenceConfig(Settings):
     backend: str = "transformers"
     max_new_tokens: int = Field(64, ge=1)
     temperature: float = Field(1.0, ge=0.0, description="0: greedy")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_p: float = Field(
+        1.0, gt=0.0, le=1.0, description="nucleus sampling (1: off); log-probs are the cut, renormalised distribution's"
+    )
     max_batch_size: int = Field(64, ge=1, description="requests per forward pass (transformers backend)")
     batch_wait_ms: float = Field(5.0, ge=0.0, description="how long a batch waits for more requests")
     max_loras: int = Field(4, ge=1, description="LoRA adapters resident at once")

@@ -3,9 +3,9 @@
 A `DecodeBatch` holds the rows being generated, their shared KV cache (left-padded to one length), the attention
 mask and each row's next position. `add` prefills new prompts in one forward pass and merges their cache into
 the running one; `step` runs one decode forward over every row, samples a token per row (recording its log-prob
-under the sampling temperature, computed from one step's logits only) and returns the rows that finished, which
-leave the batch at once so a waiting request can take their place. Only the last position's logits are
-computed (`logits_to_keep=1`), never `(tokens, vocab)` for a whole prompt.
+under the distribution it was drawn from, tempered and top-p truncated, computed from one step's logits only) and
+returns the rows that finished, which leave the batch at once so a waiting request can take their place. Only the
+last position's logits are computed (`logits_to_keep=1`), never `(tokens, vocab)` for a whole prompt.
 
 Rows may name different LoRA adapters: the batched LoRA layers (`inference/lora.py`) apply each row's adapter in
 the same forward pass.
@@ -38,28 +38,31 @@ class Row:
 def sample_tokens(
     logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample one token per row of `logits` (B, V); returns the tokens (B,) and their log-probs (B,) under
-    `softmax(logits / temperature)` (temperature 1 when greedy), before top-p truncation: the behaviour policy
-    the learner corrects towards is the tempered distribution, as in vLLM's `logprobs`."""
+    """Sample one token per row of `logits` (B, V); returns the tokens (B,) and their log-probs (B,) under the
+    distribution they were drawn from: `softmax(logits / temperature)` cut to its `top_p` nucleus and
+    renormalised, as vLLM's processed log-probs (greedy: the untruncated temperature-1 log-probs)."""
     logits = logits.float()
     if sampling.temperature == 0:
         tokens = logits.argmax(-1)  # (B,)
         logprobs = torch.log_softmax(logits, -1)  # (B, V)
     else:
-        logprobs = torch.log_softmax(logits / sampling.temperature, -1)  # (B, V)
-        probs = logprobs.exp()
+        logits = logits / sampling.temperature
         if sampling.top_p < 1.0:
-            probs = _top_p_filter(probs, sampling.top_p)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
+            logits = logits.masked_fill(~top_p_nucleus(torch.softmax(logits, -1), sampling.top_p), -torch.inf)
+        logprobs = torch.log_softmax(logits, -1)  # (B, V), -inf outside the nucleus
+        tokens = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)  # (B,)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Zero every token outside the smallest set whose mass reaches `top_p` (the top token always stays)."""
-    sorted_probs, order = probs.sort(-1, descending=True)  # (B, V)
-    outside = sorted_probs.cumsum(-1) - sorted_probs >= top_p
-    sorted_probs[outside] = 0.0
-    return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+def top_p_nucleus(probs: torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:
+    """The top-p nucleus of each row of `probs` (B, V) as a bool mask (B, V): the smallest set of most likely
+    tokens whose mass reaches `top_p` (a float, or one per row (B,)), i.e. every token the tokens ranked above it
+    leave below `top_p`; the top token always stays. Rows with `top_p >= 1` keep every token. vLLM cuts by the
+    same rule, and the learner scores with it (`PolicyModel`)."""
+    top_p = torch.as_tensor(top_p, dtype=probs.dtype, device=probs.device).reshape(-1, 1)  # (B, 1) or (1, 1)
+    ranked, order = probs.sort(-1, descending=True)  # (B, V)
+    inside = (ranked.cumsum(-1) - ranked < top_p) | (top_p >= 1)  # (B, V), in rank order
+    return torch.zeros_like(inside).scatter(-1, order, inside)
 
 
 class DecodeBatch:

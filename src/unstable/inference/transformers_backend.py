@@ -143,7 +143,10 @@ class TransformersBackend(InferenceBackend):
     def _results(self, rows: list[Row]) -> list[tuple[Any, GenerationResult]]:
         """Each finished row's result (the eos token stays in the ids: the policy must learn to stop)."""
         return [
-            (row.tag, decoded_result(self.tokenizer, row.prompt, row.tokens, row.logprobs, row.finish_reason))
+            (
+                row.tag,
+                decoded_result(self.tokenizer, row.prompt, row.tokens, row.logprobs, row.finish_reason, self.sampling),
+            )
             for row in rows
         ]
 

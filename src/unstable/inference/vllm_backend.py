@@ -8,9 +8,10 @@ on first use and keeps up to `max_loras` resident. A request holds its adapter's
 game that started on an older checkpoint keeps its adapter while newer games use the new one; with
 `max_loras >= staleness + 1` (the checkpoints in play at once) no adapter is evicted and reloaded in a loop.
 
-Log-probs come from vLLM's sampler after temperature scaling (`logprobs_mode="processed_logprobs"`), so they
-equal the transformers backend's `log softmax(logits / temperature)`; with `top_p < 1` they are those of the
-truncated, renormalised distribution actually sampled from. On CPU the engine also loads
+Log-probs come from vLLM's sampler after temperature scaling and top-p truncation
+(`logprobs_mode="processed_logprobs"`): each token's log-probability under the renormalised distribution it was
+drawn from, the transformers backend's convention (`GenerationResult`; greedy: temperature 1, untruncated, which
+vLLM's greedy path also gives). On CPU the engine also loads
 `unstable.inference.vllm_cpu_lora_fix`, without which base-model requests batched with LoRA requests are wrong.
 """
 
@@ -178,7 +179,7 @@ class VLLMBackend(InferenceBackend):
                 self.adapter_ids.release(lora.lora_int_id)
         tokens = list(completion.token_ids)
         logprobs = [position[token].logprob for token, position in zip(tokens, completion.logprobs)]
-        return decoded_result(self.tokenizer, prompt_ids, tokens, logprobs, completion.finish_reason)
+        return decoded_result(self.tokenizer, prompt_ids, tokens, logprobs, completion.finish_reason, self.sampling)
 
     async def _lora_request(self, checkpoint: Checkpoint | None) -> LoRARequest | None:
         """The held `LoRARequest` naming `checkpoint` (None for the base model)."""

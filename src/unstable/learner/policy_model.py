@@ -1,8 +1,9 @@
-"""The policy model: a causal LM loaded for training (a LoRA adapter or every weight), its token log-probs at
-the sampling temperature, and atomic checkpoints the inference engines load."""
+"""The policy model: a causal LM loaded for training (a LoRA adapter or every weight), its token log-probs under
+the distribution each step was sampled from, and atomic checkpoints the inference engines load."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from pathlib import Path
@@ -10,23 +11,28 @@ from pathlib import Path
 import torch
 
 from unstable.batching import TokenBatch, decision_positions, micro_batches
+from unstable.inference.decoding import top_p_nucleus
 from unstable.learner.config import LearnerConfig
 from unstable.records import Step
 from unstable.trainable import PolicyOutput
+
+# A chunk's top-p nuclei are sorted in this many parts: the probabilities, the sort's values and int64 indices and
+# the running sums cost about 6x the rows' float32 logits, so each part's temporaries stay below the chunk's logits.
+NUCLEUS_SORT_PARTS = 8
 
 
 class PolicyModel:
     """`model_path` with LoRA (`cfg.lora`) or fully trainable (`cfg.lora is None`), on `cfg.device`.
 
-    `temperature` must be the inference engine's, so `forward`'s log-probs and the recorded behaviour log-probs
-    are taken from the same distribution. Nothing heavy happens before `load()`.
+    Each row is scored under the sampling settings its step carries (`TokenBatch.temperature`, `.top_p`), so
+    `forward`'s log-probs and the recorded behaviour log-probs come from the same distribution. Nothing heavy
+    happens before `load()`.
     """
 
-    def __init__(self, model_path: str, cfg: LearnerConfig, *, dtype: str = "float32", temperature: float = 1.0):
+    def __init__(self, model_path: str, cfg: LearnerConfig, *, dtype: str = "float32"):
         self.model_path = model_path
         self.cfg = cfg
         self.dtype = dtype
-        self.temperature = temperature or 1.0  # greedy sampling reports temperature-1 log-probs
         self.device = cfg.device
         self.model = None
         self.tokenizer = None
@@ -110,8 +116,8 @@ class PolicyModel:
         return self._forward(self._reference, batch).logprobs
 
     def _forward(self, model, batch: TokenBatch, *, encodings: bool = False, entropy: bool = False) -> PolicyOutput:
-        """Token log-probs `log softmax(logits / temperature)[target]` at the completion targets (0 elsewhere),
-        plus decision-state encodings or entropies on request.
+        """Token log-probs at the completion targets (0 elsewhere), each under its row's sampling distribution
+        (`_token_scores`), plus decision-state encodings or entropies on request.
 
         The output layer runs only on the hidden states of completion targets, `cfg.logit_chunk_tokens` rows at
         a time, so no `(B, L, vocab)` tensor (let alone a float32 one) is ever built: prompts are most of every
@@ -123,7 +129,9 @@ class PolicyModel:
         rows, cols = batch.completion_mask.nonzero(as_tuple=True)  # completion targets: position t predicts t+1
         targets = batch.input_ids[rows, cols + 1]  # (N,)
         head = causal_lm.get_output_embeddings()
-        token_logp, token_entropy = self._token_scores(head, hidden[rows, cols], targets, entropy)
+        token_logp, token_entropy = self._token_scores(
+            head, hidden[rows, cols], targets, batch.temperature[rows], batch.top_p[rows], entropy
+        )
         logprobs = torch.zeros(batch.completion_mask.shape, device=hidden.device)  # (B, L-1)
         result = PolicyOutput(logprobs.index_put((rows, cols), token_logp))
         if encodings:
@@ -150,26 +158,43 @@ class PolicyModel:
         return states.new_zeros(*real.shape, states.shape[-1]).index_put(real.nonzero(as_tuple=True), states)
 
     def _token_scores(
-        self, head: torch.nn.Module, states: torch.Tensor, targets: torch.Tensor, entropy: bool
+        self,
+        head: torch.nn.Module,
+        states: torch.Tensor,
+        targets: torch.Tensor,
+        temperature: torch.Tensor,
+        top_p: torch.Tensor,
+        entropy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-prob of each target under `softmax(head(state) / temperature)` and, with `entropy`, that
-        distribution's entropy (else zeros), in chunks of `cfg.logit_chunk_tokens` rows; `(N,)` each, float32."""
+        """Each target's log-prob under the distribution it was sampled from and, with `entropy`, the entropy of
+        the full tempered distribution (else zeros); `(N,)` each, float32, for `states` (N, H) with their
+        `targets`, `temperature` and `top_p` (N,).
+
+        With `p = softmax(head(state) / temperature)`, a target t scores `log p(t) - log sum_{v in S} p(v)`, S the
+        top-p nucleus of p plus t (the whole vocabulary when `top_p == 1`). With the sampler's weights that is
+        the engine's recorded log-prob; t stays in S when it has left the current nucleus, so its log-prob and
+        gradient stay finite, and S is chosen without gradient. The output layer runs `cfg.logit_chunk_tokens`
+        rows at a time.
+        """
         logps, entropies = [], []
         for start in range(0, states.shape[0], self.cfg.logit_chunk_tokens):
             chunk = slice(start, start + self.cfg.logit_chunk_tokens)
-            logits = head(states[chunk]).float() / self.temperature  # (n, V)
-            log_z = torch.logsumexp(logits, dim=-1)  # (n,)
-            logps.append(logits.gather(-1, targets[chunk, None]).squeeze(-1) - log_z)  # (n,)
+            logits = head(states[chunk]).float() / temperature[chunk, None]  # (n, V)
+            support = _sampled_support(logits, targets[chunk], top_p[chunk])  # (n, V) bool, or None: every token
+            log_mass = torch.logsumexp(logits if support is None else logits.masked_fill(~support, -torch.inf), -1)
+            logps.append(logits.gather(-1, targets[chunk, None]).squeeze(-1) - log_mass)  # (n,)
             if entropy:
-                entropies.append(log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1))  # (n,) log Z - E_p[logit]
+                log_z = log_mass if support is None else torch.logsumexp(logits, -1)  # (n,)
+                entropies.append(log_z - (torch.softmax(logits, -1) * logits).sum(-1))  # (n,) log Z - E_p[logit]
             else:
-                entropies.append(torch.zeros_like(log_z))
+                entropies.append(torch.zeros_like(log_mass))
         empty = states.new_zeros(0, dtype=torch.float32)
         return (torch.cat(logps), torch.cat(entropies)) if logps else (empty, empty)
 
     @torch.no_grad()
     def completion_logprobs(self, steps: list[Step]) -> list[float]:
-        """Each step's completion log-probability (summed over its tokens) under the model, in input order."""
+        """Each step's completion log-probability (summed over its tokens) under the model at the step's sampling
+        settings, in input order."""
         totals = torch.zeros(len(steps))
         for batch in self.micro_batches(steps):
             sums = (self.forward(batch).logprobs * batch.completion_mask).sum(-1)  # (b,)
@@ -202,3 +227,18 @@ class PolicyModel:
         with torch.no_grad():
             for name, value in state.items():
                 params[name].copy_(value)
+
+
+@torch.no_grad()
+def _sampled_support(logits: torch.Tensor, targets: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor | None:
+    """The tokens each row's log-prob is normalised over, `(n, V)` bool: the top-p nucleus of `softmax(logits)`
+    (`inference.decoding.top_p_nucleus`, the engine's rule) plus the row's target; None when no row is truncated.
+    Sorted `NUCLEUS_SORT_PARTS` parts at a time (see there)."""
+    if bool((top_p >= 1).all()):
+        return None
+    support = torch.empty(logits.shape, dtype=torch.bool, device=logits.device)  # (n, V)
+    rows = math.ceil(logits.shape[0] / NUCLEUS_SORT_PARTS)
+    for start in range(0, logits.shape[0], rows):
+        part = slice(start, start + rows)
+        support[part] = top_p_nucleus(torch.softmax(logits[part], -1), top_p[part])
+    return support.scatter_(-1, targets[:, None], True)

@@ -265,7 +265,8 @@ class LearnerActor(LearnerLoop):
 
     `max_generation_len` becomes the algorithm's (Dr. GRPO's constant) when the algorithm has none. The YAML
     path passes a whole `cfg` instead of the seed's keywords. Checkpoints go under the tracker's run directory.
-    The model trains on cuda when Ray gave this actor a GPU and torch sees one.
+    The model trains on cuda when Ray gave this actor a GPU and torch sees one. It has no sampling settings of its
+    own: each step is scored under the temperature and top_p it was sampled with (the Collector's `vllm_config`).
     """
 
     def __init__(
@@ -278,7 +279,6 @@ class LearnerActor(LearnerLoop):
         *,
         cfg: LearnerConfig | None = None,
         max_generation_len: int | None = None,
-        temperature: float = 1.0,
         dtype: str = "float32",
         **seed_kwargs,
     ):
@@ -292,7 +292,7 @@ class LearnerActor(LearnerLoop):
         algorithm = algorithm or Reinforce()
         if max_generation_len is not None and getattr(algorithm, "max_generation_len", 0) is None:
             algorithm.max_generation_len = max_generation_len
-        policy = PolicyModel(model_name, cfg, dtype=dtype, temperature=temperature)
+        policy = PolicyModel(model_name, cfg, dtype=dtype)
         run_dir = ray.get(tracker.get_run_dir.remote())
         log_to_run_dir(run_dir, "learner")
         super().__init__(

@@ -86,7 +86,6 @@ def build_topology(cfg: RunConfig, run_dir: Path) -> Topology:
         tracker,
         cfg.learner.algorithm.build(),
         cfg=cfg.learner,
-        temperature=cfg.inference.temperature,
         dtype=cfg.model.dtype,
     )
     return Topology(run_dir, tracker, buffer, pool, collector, learner)
