@@ -51,6 +51,11 @@ def _bad_override(tmp_path: Path) -> None:
     load_config(tmp_path / "config.yaml", ["learner.num_steps"])
 
 
+def _full_finetuning_from_an_adapter(tmp_path: Path) -> None:
+    (tmp_path / "adapter").mkdir()
+    _with("learner.lora=null", f"learner.initial_lora_path={tmp_path / 'adapter'}")(tmp_path)
+
+
 def _resume_without_config(tmp_path: Path) -> None:
     resume_training(tmp_path)
 
@@ -117,6 +122,8 @@ CASES = [
     ("--resume of a directory that is no run", _resume_without_config, "--resume"),
     ("--resume with a corrupt checkpoint", _corrupt_checkpoint, "step-3/learner"),
     ("--resume with a corrupt latest.json", _corrupt_pointer, "latest.json"),
+    ("an initial adapter for full fine-tuning", _full_finetuning_from_an_adapter, "initial_lora_path"),
+    ("float16 autocast (no loss scaling)", _with("learner.autocast_dtype=float16"), "learner.autocast_dtype"),
 ]
 
 

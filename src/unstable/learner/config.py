@@ -107,10 +107,14 @@ class LearnerConfig(Settings):
         4096, ge=1, description="completion tokens whose vocabulary logits are materialised at once"
     )
     lora: LoraConfig | None = LoraConfig()
-    initial_lora_path: str | None = Field(None, description="start from this adapter (or full model with lora: null)")
+    initial_lora_path: str | None = Field(
+        None, description="start from this LoRA adapter, also the KL reference (a full model is `model.path`)"
+    )
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass (less memory)")
-    autocast_dtype: Literal["bfloat16", "float16"] | None = Field(
-        None, description="run forward passes under torch.autocast in this dtype (None: the model's own dtype)"
+    autocast_dtype: Literal["bfloat16"] | None = Field(
+        None,
+        description="run forward passes under torch.autocast in this dtype (None: bf16 for a bfloat16 model, else "
+        "none); never float16, whose gradients underflow without loss scaling, which the learner does not do",
     )
     pack_sequences: bool = Field(
         False,
@@ -142,6 +146,16 @@ class LearnerConfig(Settings):
         if value is not None and not Path(value).expanduser().is_dir():
             raise ValueError("no such checkpoint directory")
         return value
+
+    @model_validator(mode="after")
+    def _initial_adapter_needs_lora(self) -> LearnerConfig:
+        if self.initial_lora_path is not None and self.lora is None:
+            raise ValueError(
+                f"initial_lora_path {self.initial_lora_path!r} with lora: null: full fine-tuning trains no adapter; "
+                "start it from a full model with model.path (merge the adapter into its base model first), or set "
+                "learner.lora to train the adapter"
+            )
+        return self
 
     @model_validator(mode="after")
     def _mini_batch_fits(self) -> LearnerConfig:

@@ -1,11 +1,20 @@
 """The policy model: a causal LM loaded for training (a LoRA adapter or every weight), its token log-probs under
-the distribution each step was sampled from, and atomic checkpoints the inference engines load."""
+the distribution each step was sampled from, the reference policy (the run's starting policy) and atomic
+checkpoints the inference engines load.
+
+Precision: trainable weights and their optimizer state are float32 (master weights; a bf16 weight rounds an
+AdamW step of 1e-5 away) and a bfloat16 model computes its forward passes in bf16 under autocast. Frozen weights
+stay in the model dtype: the base under a LoRA adapter (PEFT keeps the adapter in float32). A float16 model trains
+in float32 throughout: the learner does no loss scaling, without which float16 gradients underflow.
+"""
 
 from __future__ import annotations
 
 import math
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -37,6 +46,7 @@ class PolicyModel:
         self.model = None
         self.tokenizer = None
         self._reference = None  # frozen copy of `model_path` for `reference_logprobs` (full fine-tuning only)
+        self._initial_adapter = None  # frozen copy of `cfg.initial_lora_path`'s weights, the LoRA reference
 
     def load(self) -> None:
         """Load the tokenizer and model, wrap LoRA, move to the device. Idempotent."""
@@ -47,11 +57,21 @@ class PolicyModel:
         if self.cfg.num_threads:
             torch.set_num_threads(self.cfg.num_threads)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, self.dtype))
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self._weights_dtype())
         if self.cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         self.model = self._wrap_lora(model).to(self.device)
         self.model.train()
+        if self.cfg.initial_lora_path:  # copied before any update or resume overwrites the adapter
+            frozen = self.trainable_state().items()
+            self._initial_adapter = {name: torch.nn.Parameter(w, requires_grad=False) for name, w in frozen}
+
+    def _weights_dtype(self) -> torch.dtype:
+        """The dtype the model is loaded in: float32 when every weight trains (the master weights) or the model is
+        float16 (no loss scaling: see the module docstring), else the model dtype (a frozen LoRA base)."""
+        if self.cfg.lora is None or self.dtype == "float16":
+            return torch.float32
+        return getattr(torch, self.dtype)
 
     def _wrap_lora(self, model):
         lora = self.cfg.lora
@@ -102,16 +122,23 @@ class PolicyModel:
 
     @torch.no_grad()
     def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
-        """Token log-probs of `batch` under the reference policy, `(B, L-1)`: the weights at `model_path` (the warm
-        start of a fully fine-tuned run, loaded once more and frozen on first use, 4 bytes a weight) or, with
-        LoRA, the base model with the adapter disabled."""
+        """Token log-probs of `batch` under the reference policy, the run's starting policy, `(B, L-1)`.
+
+        With LoRA: the base model plus the initial adapter (`cfg.initial_lora_path`, copied when loaded, so a
+        resumed run keeps it as its reference), or with no initial adapter the base model with the adapter disabled.
+        Fully fine-tuned: the weights at `model_path` (the warm start of such a run), loaded once more on first use
+        and frozen, in the trainable weights' dtype so that it equals the policy at the start.
+        """
+        if self._initial_adapter is not None:
+            with _parameters_replaced(self.model, self._initial_adapter):
+                return self._forward(self.model, batch).logprobs
         if self.cfg.lora is not None:
             with self.model.disable_adapter():
                 return self._forward(self.model, batch).logprobs
         if self._reference is None:
             from transformers import AutoModelForCausalLM
 
-            reference = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, self.dtype))
+            reference = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self._weights_dtype())
             self._reference = reference.to(self.device).eval().requires_grad_(False)
         return self._forward(self._reference, batch).logprobs
 
@@ -142,8 +169,10 @@ class PolicyModel:
         return result
 
     def _autocast(self):
-        """Mixed precision for the forward pass when `cfg.autocast_dtype` is set, else a no-op context."""
-        dtype = getattr(torch, self.cfg.autocast_dtype) if self.cfg.autocast_dtype else None
+        """Mixed precision for the forward pass in `cfg.autocast_dtype`, else in the model dtype when it is bfloat16
+        (float32 master weights, bf16 compute), else a no-op context."""
+        name = self.cfg.autocast_dtype or (self.dtype if self.dtype == "bfloat16" else None)
+        dtype = getattr(torch, name) if name else None
         return torch.autocast(device_type=self.device, dtype=dtype, enabled=dtype is not None)
 
     def _hidden_states(self, decoder: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
@@ -202,17 +231,34 @@ class PolicyModel:
         return totals.tolist()
 
     def save(self, directory: str | os.PathLike) -> str:
-        """Write the adapter (or the whole model with its tokenizer) to `directory` atomically; return it."""
+        """Write the adapter (float32, as trained) or the whole model in the model dtype with its tokenizer to
+        `directory` atomically; return it. The resume state, not this checkpoint, keeps the float32 masters."""
         final = Path(directory)
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        self.model.save_pretrained(tmp)
         if self.cfg.lora is None:
-            self.tokenizer.save_pretrained(tmp)
+            self._save_full_model(tmp)
+        else:
+            self.model.save_pretrained(tmp)
         if final.exists():  # a re-run into the same directory replaces the old checkpoint
             shutil.rmtree(final)
         os.replace(tmp, final)
         return str(final)
+
+    def _save_full_model(self, directory: Path) -> None:
+        """Every weight cast to the model dtype (what the engines load; for a bf16 model half the bytes of its
+        float32 masters), the config saying so, and the tokenizer."""
+        dtype = getattr(torch, self.dtype)
+        cast: dict[int, torch.Tensor] = {}  # by address: tied weights stay one tensor, which is saved once
+        state = {}
+        for name, weight in self.model.state_dict().items():
+            if weight.data_ptr() not in cast:
+                cast[weight.data_ptr()] = weight.to("cpu", dtype) if weight.is_floating_point() else weight
+            state[name] = cast[weight.data_ptr()]
+        self.model.save_pretrained(directory, state_dict=state)
+        self.model.config.dtype = self.dtype  # save_pretrained wrote the masters' float32
+        self.model.config.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """Copies of the trainable weights by name (what an update changes)."""
@@ -242,3 +288,22 @@ def _sampled_support(logits: torch.Tensor, targets: torch.Tensor, top_p: torch.T
         part = slice(start, start + rows)
         support[part] = top_p_nucleus(torch.softmax(logits[part], -1), top_p[part])
     return support.scatter_(-1, targets[:, None], True)
+
+
+@contextmanager
+def _parameters_replaced(model: torch.nn.Module, values: dict[str, torch.nn.Parameter]) -> Iterator[None]:
+    """`model` with the parameters named in `values` swapped for them until exit. The swapped-out parameters are
+    not written to (unlike an in-place copy), so a graph that saved them for its backward pass stays valid."""
+    originals = {name: model.get_parameter(name) for name in values}
+    try:
+        for name, value in values.items():
+            _set_parameter(model, name, value)
+        yield
+    finally:
+        for name, value in originals.items():
+            _set_parameter(model, name, value)
+
+
+def _set_parameter(model: torch.nn.Module, name: str, value: torch.nn.Parameter) -> None:
+    module, _, attribute = name.rpartition(".")
+    setattr(model.get_submodule(module), attribute, value)
