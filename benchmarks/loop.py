@@ -55,13 +55,9 @@ class PeakMemory:
             self._stop.wait(self.interval_s)
 
 
-def run_loop(args, workers: int, steps: int) -> dict:
-    """The whole loop on Ray. Throughput counts every game and token after learner step 1 (the warm-up: Ray start,
-    model load, the first batch) up to the last row; the first learner step's time counts from the call."""
-    from unstable.config import load_config
-    from unstable.runtime import train
-
-    overrides = [
+def loop_overrides(args, workers: int, steps: int) -> list[str]:
+    """This benchmark's settings over the demo config: the UnstableBaselines peer's run (ub-peer-cpu.md)."""
+    return [
         f"learner.num_steps={steps}",
         f"collector.num_workers={workers}",
         "collector.num_eval_workers=0",
@@ -78,12 +74,27 @@ def run_loop(args, workers: int, steps: int) -> dict:
         "learner.algorithm.args={}",
         "pool.sample_mode=mirror",
         "pool.fixed_opponents=[]",
+        "pool.rating_anchor=null",  # the demo anchors its ratings on the fixed opponent this run drops
         "pool.max_active_lora=3",
         "buffer.max_buffer_size=512",
         "run.name=bench-loop",
         f"run.dir={args.run_dir}",
     ]
-    cfg = load_config(ROOT / "examples" / "tictactoe-tiny.yaml", overrides)
+
+
+def run_loop(args, workers: int, steps: int) -> dict:
+    """The demo config with `loop_overrides`, measured by `measure_loop`."""
+    from unstable.config import load_config
+
+    return measure_loop(load_config(ROOT / "examples" / "tictactoe-tiny.yaml", loop_overrides(args, workers, steps)))
+
+
+def measure_loop(cfg) -> dict:
+    """The whole loop of `cfg` (`unstable train`) on Ray. Throughput counts every game and token after learner
+    step 1 (the warm-up: Ray start, model load, the first batch) up to the last row; the first learner step's
+    time counts from the call. `cfg` needs at least 2 learner steps."""
+    from unstable.runtime import train
+
     rows, arrived = [], []
     start = time.perf_counter()
 
@@ -96,8 +107,9 @@ def run_loop(args, workers: int, steps: int) -> dict:
     first = next(i for i, r in enumerate(rows) if r.get("learner/step") == 1)
     steady = rows[first + 1 :]
     seconds = arrived[-1] - arrived[first]
+    steps = cfg.learner.num_steps
     return {
-        "workers": workers,
+        "workers": cfg.collector.num_workers,
         "wall_s": time.perf_counter() - start,
         "first_learner_step_s": arrived[first],
         "games_per_s": sum(r["collector/train_games"] for r in steady) / seconds,
@@ -112,32 +124,53 @@ def run_loop(args, workers: int, steps: int) -> dict:
 
 
 def run_bare(args, batch: int, adapter: str | None = None) -> dict:
-    """The bare backend, no Ray, no games: back-to-back batches of `batch` real TicTacToe prompts (observations
-    of random-vs-random games rendered with the loop's template, so prompt lengths match the loop's), served by
-    the base model or, with `adapter`, by that LoRA checkpoint (the loop serves its learner's adapters)."""
-    from unstable.collector.demonstrations import generate_sft_steps
+    """The bare tiny-model backend of `args.backend` on `args.bare_rounds` batches of game prompts (`measure_bare`)."""
     from unstable.inference import InferenceConfig, make_backend
     from unstable.models.tiny import ensure_tiny_model
-    from unstable.records import Checkpoint, EnvSpec, GenerationRequest
 
     model = str(ensure_tiny_model(ROOT / ".cache" / "tiny-qwen3"))
     backend = make_backend(model, InferenceConfig(backend=args.backend, max_new_tokens=args.max_new_tokens))
+    try:
+        prompts = game_prompts(backend.tokenizer, (args.bare_rounds + 1) * batch)
+        return measure_bare(backend, prompts, batch, adapter)
+    finally:
+        backend.close()
+
+
+def game_prompts(tokenizer, count: int, openings_only: bool = False) -> list[str]:
+    """`count` real TicTacToe prompts: observations of random-vs-random games rendered with the loop's template, so
+    prompt lengths match the loop's. With `openings_only`, the first one (the same in every game) `count` times:
+    all a random-weight model's loop serves, since TicTacToe ends a game after an invalid answer and one retry."""
+    from unstable.collector.demonstrations import generate_sft_steps
+    from unstable.records import EnvSpec
+
+    spec = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
+    games = 1 if openings_only else count // 5 + 1  # a TicTacToe game has at least 5 moves
+    steps = generate_sft_steps(spec, ["random", "random"], games, tokenizer, seed=0)[: 1 if openings_only else None]
+    return [steps[i % len(steps)].prompt for i in range(count)]
+
+
+def measure_bare(backend, prompts: list[str], batch: int, adapter: str | None = None) -> dict:
+    """The bare backend, no Ray, no games: `prompts` in back-to-back batches of `batch` (the first a warm-up, an
+    incomplete last one left out), served by the base model or, with `adapter`, by that LoRA checkpoint (the loop
+    serves its learner's adapters)."""
+    from unstable.records import Checkpoint, GenerationRequest
+
     checkpoint = Checkpoint("bench-adapter", adapter) if adapter else None
     if checkpoint:
         backend.load_adapter(checkpoint)
-    spec = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
-    steps = generate_sft_steps(spec, ["random", "random"], 4 * batch, backend.tokenizer, seed=0)
-    rounds = [
-        [GenerationRequest(s.prompt, checkpoint) for s in steps[i : i + batch]] for i in range(0, len(steps), batch)
+    batches = [
+        [GenerationRequest(p, checkpoint) for p in prompts[i : i + batch]] for i in range(0, len(prompts), batch)
     ]
-    rounds = [r for r in rounds if len(r) == batch][: args.bare_rounds + 1]
-    backend.generate(rounds[0])  # warm-up
+    batches = [b for b in batches if len(b) == batch]
+    backend.generate(batches[0])  # warm-up
     tokens, start = 0, time.perf_counter()
-    for requests in rounds[1:]:
+    for requests in batches[1:]:
         tokens += sum(len(r.completion_token_ids) for r in backend.generate(requests))
     elapsed = time.perf_counter() - start
-    backend.close()
-    return {"batch": batch, "adapter": adapter, "rounds": len(rounds) - 1, "tokens_per_s": tokens / elapsed}
+    if checkpoint:
+        backend.unload_adapter(checkpoint.uid)
+    return {"batch": batch, "adapter": adapter, "rounds": len(batches) - 1, "tokens_per_s": tokens / elapsed}
 
 
 def main() -> None:
