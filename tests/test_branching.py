@@ -1,16 +1,21 @@
 """Branched games: TextArena envs deep-copy, G continuations share a group id, the buffer keeps groups whole."""
 
 import copy
+import json
 import logging
 import random
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from unstable.agents.scripted import RandomAgent
 from unstable.buffer import StepBuffer
 from unstable.collector import Collector
+from unstable.collector.collector import RECORDS_ENV
 from unstable.collector.config import CollectorConfig
+from unstable.config import load_config
 from unstable.games.agent import Agent
 from unstable.games.branching import play_branched_episode, random_branch_turn
 from unstable.games.episode import start_env
@@ -19,7 +24,10 @@ from unstable.pool import ModelPool
 from unstable.pool.config import PoolConfig
 from unstable.records import Decision, EnvSpec, GenerationResult, Step
 from unstable.rewards import WinDrawLossFormatter
+from unstable.runtime import train
 from unstable.tracking import Tracker, keys
+
+from .test_config import EXAMPLE
 
 TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
 KUHN = EnvSpec("KuhnPoker-v0-train", 2, "qwen3-zs")  # three rounds: later deals draw on global `random`
@@ -123,6 +131,37 @@ def test_kuhn_branches_see_the_same_deals_while_other_games_run():
     assert not split, f"the branches of a game saw different deals at (game, (round, player)) {split[:4]}"
     alone = _branched_kuhn(5)
     assert _deals([(s.player_id, s.observation) for s in r.steps] for r in alone) == deals[5]  # its seed decides
+
+
+@pytest.mark.slow
+def test_kuhn_groups_see_the_same_deals_through_unstable_train(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv(RECORDS_ENV, str(tmp_path))  # the collector writes every game's branches there
+    overrides = [
+        f"run.dir={tmp_path}",
+        "run.name=kuhn-groups",
+        f"model.path={tiny_model_dir}",
+        "model.build_tiny_if_missing=false",
+        "collector.training_envs=[[KuhnPoker-v0-train, 2, qwen3-zs]]",
+        "collector.group_size=4",
+        "collector.num_workers=8",
+        "learner.num_steps=1",
+        "learner.batch_size=8",
+        "inference.max_new_tokens=8",
+        "evaluation.games_at_start=0",
+        "evaluation.games_at_end=0",
+        "warm_start.games=16",  # enough supervised Kuhn moves that most games get past round 1
+        "warm_start.epochs=2",
+        "warm_start.learning_rate=3.0e-3",
+        "tracker.wandb=disabled",
+        "tracker.tensorboard=false",
+    ]
+    train(load_config(EXAMPLE, overrides))
+    games = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    groups = [records for records in games if len(records) == 4]  # the games that branched
+    deals = [_deals([(s["player_id"], s["observation"]) for s in r["steps"]] for r in records) for records in groups]
+    compared, split = _compared_and_split(deals)
+    assert compared >= 4, f"too few groups reached round 2 in several branches: {len(groups)} groups"
+    assert not split, f"the branches of a group saw different deals at (group, (round, player)) {split[:4]}"
 
 
 def test_uncopyable_env_or_short_game_falls_back_to_one_plain_record(monkeypatch, caplog):

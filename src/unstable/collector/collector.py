@@ -14,9 +14,13 @@ whole game (the branches share its prefix, so they are not independent games).
 from __future__ import annotations
 
 import itertools
+import json
 import logging
+import os
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict
+from pathlib import Path
 
 from unstable.agents.policy import GenerationClient, PolicyAgent
 from unstable.agents.seating import make_agent, parse_opponent, seat_agents
@@ -28,6 +32,11 @@ from unstable.records import GameRecord
 from unstable.tracking.tracker import summarize_game
 
 log = logging.getLogger(__name__)
+
+# test hook: a directory to which every training game's records (all its branches) are appended, one JSON list a
+# line in `records.jsonl`, so a test of a whole run can read what its games saw (e.g. each branch's deals)
+RECORDS_ENV = "UNSTABLE_TEST_RECORDS_DIR"
+_RECORDS_FILE = threading.Lock()
 
 
 class Collector:
@@ -145,6 +154,15 @@ class Collector:
         if not is_eval:
             for record in records:
                 self.step_buffer.add_game(record)
+            _write_for_test(records)
         self.model_pool.record_game(records[0])  # eval games rate the learner against fixed opponents too
         self.tracker.add_game(summarize_game(records[0]))
         return records[0]
+
+
+def _write_for_test(records: list[GameRecord]) -> None:
+    """The test hook of `RECORDS_ENV` (nothing when it is unset)."""
+    directory = os.environ.get(RECORDS_ENV)
+    if directory:
+        with _RECORDS_FILE, open(Path(directory) / "records.jsonl", "a") as f:
+            f.write(json.dumps([asdict(record) for record in records], default=str) + "\n")
