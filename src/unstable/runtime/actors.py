@@ -148,7 +148,8 @@ class CollectorActor(Collector):
     `CollectorConfig` field (max_turns, group_size, evaluation_opponents, ...) by keyword; envs as `(env_id,
     players, template)`; the seed's one `evaluation_opponent` is the list of that opponent. Finished games go to
     the buffer, the pool and the tracker without waiting for an answer; per game the collector waits only for its
-    opponents (`ModelPool.sample_match`).
+    opponents (`ModelPool.sample_match`). A resumed run passes the learner step it resumed from as `resume_step`:
+    its games and inference actors then draw seeds that no earlier session of the run used.
     """
 
     def __init__(
@@ -164,6 +165,7 @@ class CollectorActor(Collector):
         inference: InferenceConfig | None = None,
         dtype: str = "float32",
         seed: int = 0,
+        resume_step: int = 0,
         **settings,
     ):
         _log_with(tracker, "collector")
@@ -175,7 +177,7 @@ class CollectorActor(Collector):
             inference = inference.model_copy(update={"num_actors": num_actors})
         if evaluation_opponent is not None:
             settings["evaluation_opponents"] = [evaluation_opponent]
-        servers = _start_servers(model_path, inference, dtype, seed)
+        servers = _start_servers(model_path, inference, dtype, seed, resume_step)
         client = InferenceClient([RemoteProxy(server) for server in servers])
         cfg = CollectorConfig(**settings)
         super().__init__(
@@ -186,6 +188,7 @@ class CollectorActor(Collector):
             cfg,
             tokenizer=_chat_tokenizer(cfg, model_path),
             seed=seed,
+            resume_step=resume_step,
         )
         ray.get(tracker.add_source.remote(client))
 
@@ -222,9 +225,10 @@ def _mixed_seed(*parts: int) -> int:
     return int.from_bytes(digest, "little")
 
 
-def _start_servers(model_path: str, inference: InferenceConfig, dtype: str, seed: int) -> list:
+def _start_servers(model_path: str, inference: InferenceConfig, dtype: str, seed: int, resume_step: int = 0) -> list:
     """`inference.num_actors` started inference server actors, each sampling with its own seed, mixed from the run's
-    `seed` and its index: no two actors share a stream. The seeds are logged."""
+    `seed`, its index and `resume_step` (0 for a fresh run): no two actors, nor two sessions of a resumed run, share
+    a stream. The seeds are logged."""
     from unstable.inference import make_backend
 
     needed, have = inference.num_gpus * inference.num_actors, ray.cluster_resources().get("GPU", 0.0)
@@ -234,8 +238,8 @@ def _start_servers(model_path: str, inference: InferenceConfig, dtype: str, seed
             f"the Ray cluster has {have}"
         )
     factory = functools.partial(make_backend, model_path, inference, dtype=dtype)
-    seeds = [_mixed_seed(seed, index) for index in range(inference.num_actors)]
-    log.warning("inference actors sample with seeds %s (run seed %d)", seeds, seed)
+    seeds = [_mixed_seed(seed, index, resume_step) for index in range(inference.num_actors)]
+    log.warning("inference actors sample with seeds %s (run seed %d, resume step %d)", seeds, seed, resume_step)
     servers = [
         InferenceServerActor.options(num_gpus=inference.num_gpus, max_restarts=inference.max_restarts).remote(
             factory, inference, actor_seed
