@@ -1,13 +1,21 @@
 """Branched games: TextArena envs deep-copy, G continuations share a group id, the buffer keeps groups whole."""
 
 import copy
+import json
 import logging
 import random
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
 
 from unstable.agents.scripted import RandomAgent
 from unstable.buffer import StepBuffer
 from unstable.collector import Collector
+from unstable.collector.collector import RECORDS_ENV
 from unstable.collector.config import CollectorConfig
+from unstable.config import load_config
 from unstable.games.agent import Agent
 from unstable.games.branching import play_branched_episode, random_branch_turn
 from unstable.games.episode import start_env
@@ -16,7 +24,10 @@ from unstable.pool import ModelPool
 from unstable.pool.config import PoolConfig
 from unstable.records import Decision, EnvSpec, GenerationResult, Step
 from unstable.rewards import WinDrawLossFormatter
+from unstable.runtime import train
 from unstable.tracking import Tracker, keys
+
+from .test_config import EXAMPLE
 
 TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
 KUHN = EnvSpec("KuhnPoker-v0-train", 2, "qwen3-zs")  # three rounds: later deals draw on global `random`
@@ -67,6 +78,90 @@ def test_kuhn_branches_replay_the_same_chance_events():
     continuations = [[s.observation for s in r.steps if s.turn >= 1] for r in records]
     assert continuations[0] == continuations[1] == continuations[2]  # same later deals in every copy
     assert records[0].rewards == records[1].rewards == records[2].rewards
+
+
+class _Thinking(Agent):
+    """A seeded random player that waits a moment before each move, as a model's generation does: the games of
+    other threads step their envs meanwhile."""
+
+    name = "thinking"
+
+    def __init__(self, seed: int):
+        self.random = RandomAgent(seed)
+
+    def act(self, observation):
+        time.sleep(0.001)
+        return self.random.act(observation)
+
+
+_DEAL = re.compile(r"Starting round (\d+) out of \d+ rounds\. Your card is: '([JQK])'")
+
+
+def _deals(branches) -> dict[tuple[int, int], list[str]]:
+    """(round, player) -> the card each branch that reached it saw dealt there; `branches` holds each branch's
+    `(player_id, observation)` pairs."""
+    seen: dict[tuple[int, int], list[str]] = {}
+    for pairs in branches:
+        dealt = {(int(round_), pid): card for pid, observation in pairs for round_, card in _DEAL.findall(observation)}
+        for key, card in dealt.items():
+            seen.setdefault(key, []).append(card)
+    return seen
+
+
+def _compared_and_split(deals: list[dict[tuple[int, int], list[str]]]) -> tuple[int, list]:
+    """How many later-round deals several branches of a game saw, and (game, (round, player)) where they differ."""
+    compared = sum(len(cards) > 1 for game in deals for (round_, _), cards in game.items() if round_ > 1)
+    split = [(n, key) for n, game in enumerate(deals) for key, cards in game.items() if len(set(cards)) > 1]
+    return compared, split
+
+
+def _branched_kuhn(seed: int):
+    agents = {pid: _Thinking(10 * seed + pid) for pid in (0, 1)}
+    selector = lambda seed: 1  # noqa: E731 - the branch before round 1 ends: rounds 2 and 3 are dealt in each copy
+    return play_branched_episode(KUHN, agents, seed, 4, branch_turn_selector=selector, learner_player_ids=(0, 1))
+
+
+def test_kuhn_branches_see_the_same_deals_while_other_games_run():
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        games = list(pool.map(_branched_kuhn, range(32)))
+    assert all(not r.failed for records in games for r in records)
+    deals = [_deals([(s.player_id, s.observation) for s in r.steps] for r in records) for records in games]
+    compared, split = _compared_and_split(deals)
+    assert compared > 32  # most games reach round 2 or 3 in several branches
+    assert not split, f"the branches of a game saw different deals at (game, (round, player)) {split[:4]}"
+    alone = _branched_kuhn(5)
+    assert _deals([(s.player_id, s.observation) for s in r.steps] for r in alone) == deals[5]  # its seed decides
+
+
+@pytest.mark.slow
+def test_kuhn_groups_see_the_same_deals_through_unstable_train(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv(RECORDS_ENV, str(tmp_path))  # the collector writes every game's branches there
+    overrides = [
+        f"run.dir={tmp_path}",
+        "run.name=kuhn-groups",
+        f"model.path={tiny_model_dir}",
+        "model.build_tiny_if_missing=false",
+        "collector.training_envs=[[KuhnPoker-v0-train, 2, qwen3-zs]]",
+        "collector.group_size=4",
+        "collector.num_workers=8",
+        "learner.num_steps=1",
+        "learner.batch_size=8",
+        "inference.max_new_tokens=8",
+        "evaluation.games_at_start=0",
+        "evaluation.games_at_end=0",
+        "warm_start.games=16",  # enough supervised Kuhn moves that most games get past round 1
+        "warm_start.epochs=2",
+        "warm_start.learning_rate=3.0e-3",
+        "tracker.wandb=disabled",
+        "tracker.tensorboard=false",
+    ]
+    train(load_config(EXAMPLE, overrides))
+    games = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    groups = [records for records in games if len(records) == 4]  # the games that branched
+    deals = [_deals([(s["player_id"], s["observation"]) for s in r["steps"]] for r in records) for records in groups]
+    compared, split = _compared_and_split(deals)
+    assert compared >= 4, f"too few groups reached round 2 in several branches: {len(groups)} groups"
+    assert not split, f"the branches of a group saw different deals at (group, (round, player)) {split[:4]}"
 
 
 def test_uncopyable_env_or_short_game_falls_back_to_one_plain_record(monkeypatch, caplog):

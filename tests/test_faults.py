@@ -143,22 +143,29 @@ def test_ray_restarts_a_dead_inference_actor_and_its_in_flight_request_fails():
     from unstable.runtime.actors import InferenceServerActor
 
     class SlowBackend:
-        """Answers every request after a pause, so one is in flight when the actor dies."""
+        """Answers every request after a pause, so one is in flight when the actor dies; the answer names the
+        sampling seed the engine was built with."""
+
+        def __init__(self, seed=None):
+            self.seed = seed
 
         def generate(self, requests):
             time.sleep(1.0)
-            return [GenerationResult("\\boxed{[4]}", (1,), (2,), (-0.1,)) for _ in requests]
+            return [GenerationResult(f"\\boxed{{[4]}} {self.seed}", (1,), (2,), (-0.1,)) for _ in requests]
 
     ray.init(num_cpus=1, include_dashboard=False, ignore_reinit_error=True)
     try:
         server = InferenceServerActor.options(max_restarts=1).remote(SlowBackend, InferenceConfig())
         ray.get(server.start.remote())
+        first = ray.get(server.generate.remote(GenerationRequest("Your move: "))).text
         in_flight = server.generate.remote(GenerationRequest("Your move: "))
         time.sleep(0.3)
         ray.kill(server, no_restart=False)  # the process dies as from an OOM kill; Ray restarts it
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(in_flight, timeout=60)  # the game waiting on it fails and is counted
-        assert _generate_once_back(server).text == "\\boxed{[4]}"  # the restarted actor loaded its engine by itself
+        answer = _generate_once_back(server).text  # the restarted actor loaded its engine by itself
+        assert answer.startswith("\\boxed{[4]}")
+        assert answer != first  # ... with a seed of its own: it does not replay the stream of the dead one
     finally:
         ray.shutdown()
 

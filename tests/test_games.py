@@ -1,12 +1,17 @@
 """Games: action extraction, templates, env-id validation and `play_episode` with real TextArena envs."""
 
+import copy
 import logging
+import random
+from random import shuffle as random_shuffle
 
+import numpy as np
 import pytest
 
 from unstable.agents.scripted import RandomAgent, make_scripted_agent
 from unstable.games import extract_action, get_template, play_episode, validate_env_id
 from unstable.games.agent import Agent
+from unstable.games.chance import OwnRandomEnv
 from unstable.games.registry import make_env
 from unstable.records import Decision, EnvSpec
 
@@ -137,3 +142,40 @@ def test_single_hand_kuhn_poker_between_equilibrium_players_is_worth_minus_one_e
         agents = {pid: make_scripted_agent("kuhn-nash", 10**6 + 2 * seed + pid) for pid in (0, 1)}
         first_player.append(play_episode(spec, agents, seed=seed).rewards[1])  # TextArena's Player 1 opens
     assert abs(sum(first_player) / games - (-1 / 18)) < 0.07
+
+
+class _DiceEnv:
+    """Draws from Python's and numpy's global generators, as TextArena envs do (`reset` re-seeds `random`)."""
+
+    def reset(self, num_players, seed=None):
+        random.seed(seed)
+
+    def step(self, action):
+        return False, (random.random(), shuffle([1, 2, 3, 4, 5]), np.random.rand())
+
+
+def shuffle(items):
+    """`from random import shuffle`, the import style some envs use."""
+    random_shuffle(items)
+    return items
+
+
+def _rolls(env, n):
+    return [env.step("roll")[1] for _ in range(n)]
+
+
+def test_a_game_draws_from_its_own_random_states_whatever_else_draws():
+    alone = OwnRandomEnv(_DiceEnv(), seed=1)
+    alone.reset(num_players=1, seed=1)
+    expected = _rolls(alone, 4)
+    outside = random.getstate(), np.random.get_state()[1].copy()
+    first, second = OwnRandomEnv(_DiceEnv(), seed=1), OwnRandomEnv(_DiceEnv(), seed=2)
+    first.reset(num_players=1, seed=1)
+    second.reset(num_players=1, seed=2)
+    interleaved = [(_rolls(first, 1)[0], _rolls(second, 1)[0], random.random()) for _ in range(4)]
+    assert [a for a, _, _ in interleaved] == expected  # neither the other game nor the caller shifted its draws
+    random.setstate(outside[0])
+    assert [c for _, _, c in interleaved] == [random.random() for _ in range(4)]  # ... untouched by the games
+    assert (np.random.get_state()[1] == outside[1]).all()
+    twin = copy.deepcopy(first)
+    assert _rolls(twin, 3) == _rolls(first, 3)  # a copy goes on from the same states

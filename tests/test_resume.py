@@ -1,5 +1,5 @@
-"""The pieces of resume, without Ray: the state codec, atomic writes, the metrics rule, retention, and the
-state of the pool, the buffer and the reward transforms."""
+"""The pieces of resume, without Ray: the state codec, atomic writes, the metrics rule, retention, the state of
+the pool, the buffer and the reward transforms, and the game seeds of a resumed session."""
 
 import json
 import math
@@ -9,9 +9,12 @@ import pytest
 import torch
 
 from unstable.buffer import StepBuffer
+from unstable.collector import Collector
+from unstable.collector.config import CollectorConfig
+from unstable.games.moves import legal_moves
 from unstable.learner.config import RetentionConfig
 from unstable.pool import ModelPool
-from unstable.records import GameRecord
+from unstable.records import EnvSpec, GameRecord, GenerationResult
 from unstable.rewards import ComposeFinalRewardTransforms, RoleAdvantageByEnvFormatter
 from unstable.runtime import resume
 from unstable.tracking import Tracker, keys, truncate_metrics
@@ -120,3 +123,23 @@ def test_tracker_state_continues_totals_and_time(tmp_path):
     resumed = Tracker(tmp_path)
     resumed.load_state_dict(state | {"elapsed": 100.0})
     assert resumed.log({})[keys.TOTAL_TRAIN_GAMES] == 7 and resumed.latest()[keys.TIME] >= 100.0
+
+
+class _FirstMove:
+    """An inference stand-in that always plays the first legal TicTacToe move."""
+
+    def generate(self, request):
+        return GenerationResult(f"\\boxed{{{legal_moves(request.prompt)[0]}}}", (1,), (2,), (-0.1,))
+
+
+def _game_seeds(tmp_path, resume_step: int, games: int = 3) -> set[int]:
+    pool = ModelPool()
+    pool.add_checkpoint(path=None, iteration=-1)
+    cfg = CollectorConfig(training_envs=[EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")])
+    collector = Collector(_FirstMove(), pool, StepBuffer(64), Tracker(tmp_path), cfg, seed=5, resume_step=resume_step)
+    return {collector.play_one(is_eval=False).seed for _ in range(games)}
+
+
+def test_a_resumed_collector_plays_none_of_the_game_seeds_of_earlier_sessions(tmp_path):
+    fresh, resumed_at_2, resumed_at_3 = (_game_seeds(tmp_path, step) for step in (0, 2, 3))
+    assert len(fresh | resumed_at_2 | resumed_at_3) == 9  # each session's game counter starts at 0 again

@@ -1,6 +1,6 @@
 """A run survives `kill -9`: killed once mid-way through a state write and once between a row and its state,
-it resumes twice and ends with every learner step logged once, its checkpoints and ratings carried on, and the
-restored weights equal to the saved ones bit for bit."""
+it resumes twice and ends with every learner step logged once, its checkpoints and ratings carried on, the
+restored weights equal to the saved ones bit for bit, and no game seed played twice."""
 
 import json
 import os
@@ -15,6 +15,7 @@ from peft import get_peft_model_state_dict
 from safetensors.torch import load_file
 
 from unstable.buffer import StepBuffer
+from unstable.collector.collector import RECORDS_ENV
 from unstable.config import load_config
 from unstable.learner import Learner, PolicyModel
 from unstable.pool import ModelPool
@@ -45,8 +46,9 @@ def _overrides(tmp_path, model_dir) -> list[str]:
     ]
 
 
-def _start(args: list[str], pause_at: str | None) -> subprocess.Popen:
+def _start(args: list[str], pause_at: str | None, records_dir: Path) -> subprocess.Popen:
     env = os.environ | {"PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env[RECORDS_ENV] = str(records_dir)  # every session's training games, to check their seeds
     env.pop(resume.PAUSE_ENV, None)
     if pause_at:
         env[resume.PAUSE_ENV] = pause_at
@@ -72,6 +74,17 @@ def _steps(run_dir: Path) -> list[int]:
     return [r[keys.STEP] for r in rows if keys.STEP in r]
 
 
+def _game_seeds(records_dir: Path) -> list[int]:
+    """The seed of every training game the sessions wrote (a line torn by a kill is skipped)."""
+    seeds = []
+    for line in (records_dir / "records.jsonl").read_text().splitlines():
+        try:
+            seeds.append(json.loads(line)[0]["seed"])
+        except json.JSONDecodeError:
+            continue
+    return seeds
+
+
 def _latest_step(run_dir: Path) -> int:
     return json.loads((run_dir / "state" / "latest.json").read_text())["step"]
 
@@ -92,12 +105,12 @@ def test_kill_twice_and_resume_loses_and_repeats_nothing(tiny_model_dir, tmp_pat
     run_dir = tmp_path / "killed"
 
     # kill 1: step 2's state is written to its temporary directory but not yet renamed into place
-    _kill_when_paused(_start([str(EXAMPLE), *sets], "state-write:2"), run_dir)
+    _kill_when_paused(_start([str(EXAMPLE), *sets], "state-write:2", tmp_path), run_dir)
     assert _latest_step(run_dir) == 1 and (run_dir / "state" / "step-2.tmp").exists()
     assert _steps(run_dir) == [0, 1, 2]  # row 2 was written; its state was not
 
     # kill 2: step 3's row is written, its state not yet
-    _kill_when_paused(_start(["--resume", str(run_dir)], "after-log:3"), run_dir)
+    _kill_when_paused(_start(["--resume", str(run_dir)], "after-log:3", tmp_path), run_dir)
     assert _latest_step(run_dir) == 2 and _steps(run_dir) == [0, 1, 2, 3]
     cfg = load_config(EXAMPLE, overrides)
     saved = load_file(run_dir / "checkpoints" / "ckpt-2" / "adapter_model.safetensors")
@@ -106,7 +119,7 @@ def test_kill_twice_and_resume_loses_and_repeats_nothing(tiny_model_dir, tmp_pat
     assert all(torch.equal(saved[k], restored[k]) for k in saved)  # bit for bit
     pool_at_2 = resume.load_part(run_dir / "state" / "step-2", "pool")
 
-    finished = _start(["--resume", str(run_dir)], None)
+    finished = _start(["--resume", str(run_dir)], None, tmp_path)
     output = finished.communicate(timeout=300)[0].decode()
     assert finished.returncode == 0, output[-3000:]
 
@@ -123,3 +136,5 @@ def test_kill_twice_and_resume_loses_and_repeats_nothing(tiny_model_dir, tmp_pat
     weights = {name.replace(".default", ""): value for name, value in learner["policy"].items()}
     assert learner["step"] == 4 and weights.keys() == adapter.keys()
     assert all(torch.equal(weights[k], adapter[k]) for k in adapter)  # the state holds the served weights
+    seeds = _game_seeds(tmp_path)
+    assert len(seeds) == len(set(seeds)), "a resumed session replayed the game seeds of an earlier one"

@@ -61,3 +61,21 @@ def test_a_new_run_never_writes_into_an_earlier_runs_directory(tmp_path):
     (tmp_path / "run-2").mkdir()
     (tmp_path / "run-2" / "config.yaml").write_text("")
     assert new_run_dir(path) == tmp_path / "run-3"
+
+
+def test_two_inference_actors_sample_different_completions_for_one_prompt(tiny_model_dir):
+    import ray
+
+    from unstable.inference import InferenceConfig
+    from unstable.records import GenerationRequest
+    from unstable.runtime.actors import _start_servers
+
+    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
+    try:
+        inference = InferenceConfig(num_actors=2, max_new_tokens=16)
+        servers = _start_servers(tiny_model_dir, inference, "float32", seed=0)
+        request = GenerationRequest("<|im_start|>user\nYour move.<|im_end|>\n<|im_start|>assistant\n")
+        first, second = ray.get([server.generate.remote(request) for server in servers])
+        assert first.completion_token_ids != second.completion_token_ids  # each actor samples its own stream
+    finally:
+        ray.shutdown()

@@ -14,9 +14,13 @@ whole game (the branches share its prefix, so they are not independent games).
 from __future__ import annotations
 
 import itertools
+import json
 import logging
+import os
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict
+from pathlib import Path
 
 from unstable.agents.policy import GenerationClient, PolicyAgent
 from unstable.agents.seating import make_agent, parse_opponent, seat_agents
@@ -29,9 +33,25 @@ from unstable.tracking.tracker import summarize_game
 
 log = logging.getLogger(__name__)
 
+GAMES_PER_SESSION = 2**32  # more games than one session of a run plays
+
+# test hook: a directory to which every training game's records (all its branches) are appended, one JSON list a
+# line in `records.jsonl`, so a test of a whole run can read what its games saw (e.g. each branch's deals)
+RECORDS_ENV = "UNSTABLE_TEST_RECORDS_DIR"
+_RECORDS_FILE = threading.Lock()
+
+
+def game_seed(run_seed: int, resume_step: int, index: int) -> int:
+    """The seed of the `index`-th game of a session of the run seeded `run_seed` that started at learner step
+    `resume_step` (0: the fresh run). Sessions get disjoint ranges of `GAMES_PER_SESSION` seeds, so a resumed run
+    never replays the seeds of the games before it (its game counter starts at 0 again)."""
+    return run_seed * 1_000_003 + resume_step * GAMES_PER_SESSION + index
+
 
 class Collector:
-    """Runs training and evaluation games concurrently and routes their results."""
+    """Runs training and evaluation games concurrently and routes their results.
+
+    Each game's seed is `game_seed(seed, resume_step, n)` for the n-th game this collector starts."""
 
     def __init__(
         self,
@@ -43,6 +63,7 @@ class Collector:
         *,
         tokenizer=None,
         seed=0,
+        resume_step=0,
     ):
         self.client = client
         self.model_pool = model_pool
@@ -54,6 +75,7 @@ class Collector:
         self.evaluation_opponents = [parse_opponent(name) for name in cfg.evaluation_opponents]
         self.tokenizer = tokenizer
         self.seed = seed
+        self.resume_step = resume_step  # the learner step a resumed run restarted from (0: a fresh run)
         self._game_counter = itertools.count()
         self._stop = threading.Event()
 
@@ -126,7 +148,7 @@ class Collector:
             learner, opponents = self.model_pool.latest(), [opponent] * (spec.num_players - 1)
         else:
             learner, opponents = self.model_pool.sample_match(spec.num_players - 1)
-        seed = self.seed * 1_000_003 + index
+        seed = game_seed(self.seed, self.resume_step, index)
         learner_seat = (index // len(envs)) % spec.num_players  # every env sees the learner in every seat
         opponent_of = dict(zip((pid for pid in range(spec.num_players) if pid != learner_seat), opponents))
         template = get_template(spec.prompt_template)
@@ -145,6 +167,15 @@ class Collector:
         if not is_eval:
             for record in records:
                 self.step_buffer.add_game(record)
+            _write_for_test(records)
         self.model_pool.record_game(records[0])  # eval games rate the learner against fixed opponents too
         self.tracker.add_game(summarize_game(records[0]))
         return records[0]
+
+
+def _write_for_test(records: list[GameRecord]) -> None:
+    """The test hook of `RECORDS_ENV` (nothing when it is unset)."""
+    directory = os.environ.get(RECORDS_ENV)
+    if directory:
+        with _RECORDS_FILE, open(Path(directory) / "records.jsonl", "a") as f:
+            f.write(json.dumps([asdict(record) for record in records], default=str) + "\n")

@@ -41,9 +41,9 @@ def play_branched_episode(
     The branch is the first decision of a seat in `learner_player_ids` at or after the turn
     `branch_turn_selector(seed)` picks (default `random_branch_turn()`). The G decisions at the branch share
     the `group_id` "<env_id>:<seed>:<turn>". The first record holds the whole game; the others hold only their
-    steps from the branch on, so the shared prefix is trained on once. Python's global `random` (TextArena's
-    source of chance, e.g. later Kuhn Poker deals) is restored to its branch-time state before each
-    continuation: the copies face the same chance events and differ only through the agents' choices.
+    steps from the branch on, so the shared prefix is trained on once. Each copy carries the game's own random
+    states as they were at the branch (`games.chance`), so the copies face the same chance events (e.g. later
+    Kuhn Poker deals), whatever other games draw meanwhile, and differ only through the agents' choices.
 
     One plain record comes back instead when the game ends before a learner decides at or after that turn, or
     when the env cannot be deep-copied (logged): its decisions carry no group and baselines fall back to per
@@ -64,10 +64,9 @@ def play_branched_episode(
             return [game.finish(env, prefix, status)]
     except Exception as exc:  # noqa: BLE001 - any game-level failure becomes a failed record
         return [game.failure(prefix, exc)]
-    random_state = random.getstate()
     group_id = f"{spec.env_id}:{seed}:{len(prefix)}"
     return [
-        _play_branch(env_copy, random_state, game, prefix, group_id, max_turns, keep_prefix=g == 0)
+        _play_branch(env_copy, game, prefix, group_id, max_turns, keep_prefix=g == 0)
         for g, env_copy in enumerate(copies)
     ]
 
@@ -82,11 +81,10 @@ def _copies(env, n: int) -> list | None:
 
 
 def _play_branch(
-    env, random_state, game: GameRecorder, prefix: list[Step], group_id: str, max_turns: int, keep_prefix: bool
+    env, game: GameRecorder, prefix: list[Step], group_id: str, max_turns: int, keep_prefix: bool
 ) -> GameRecord:
     """Finish one copy of the game from the branch; tag the branch decision with `group_id`."""
     steps = list(prefix)
-    random.setstate(random_state)
     try:
         record = game.finish(env, steps, play_turns(env, game.agents, game.spec, steps, max_turns))
     except Exception as exc:  # noqa: BLE001

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from unstable.games.agent import Agent
+from unstable.games.chance import OwnRandomEnv
 from unstable.games.registry import make_env
 from unstable.records import Decision, EnvSpec, GameRecord, Step
 
@@ -42,9 +43,10 @@ def play_episode(
         return game.failure(steps, exc)
 
 
-def start_env(spec: EnvSpec, seed: int):
-    """A freshly reset TextArena env for `spec` (TextArena re-seeds Python's global `random` here)."""
-    env = make_env(spec.env_id)
+def start_env(spec: EnvSpec, seed: int) -> OwnRandomEnv:
+    """A freshly reset TextArena env for `spec` drawing its chance from its own random states (`games.chance`),
+    so games on other threads neither see nor shift its draws."""
+    env = OwnRandomEnv(make_env(spec.env_id), seed)
     env.reset(num_players=spec.num_players, seed=seed)
     return env
 

@@ -122,14 +122,14 @@ class KuhnInfoSet:
 def kuhn_information_sets(env_id: str = "KuhnPoker-v0-train", max_seeds: int = 1000) -> Iterator[KuhnInfoSet]:
     """Yield the 12 first-round information sets (in INFOSETS order), each with an observation obtained by
     resetting `env_id` with seeds 0, 1, ... until the acting player holds the card, then playing the history."""
-    from unstable.games.registry import make_env  # imported here so the exact math above stays import-light
+    from unstable.games.episode import start_env  # imported here so the exact math above stays import-light
+    from unstable.records import EnvSpec
 
     moves = {"c": "[check]", "b": "[bet]"}
     for key in INFOSETS:
         card, history = key[0], key[1:]
         for seed in range(max_seeds):
-            env = make_env(env_id)
-            env.reset(num_players=2, seed=seed)
+            env = start_env(EnvSpec(env_id, 2), seed)
             for letter in history:
                 env.step(moves[letter])
             pid, observation = env.get_observation()

@@ -78,8 +78,10 @@ class DecodeBatch:
         device: str,
         prefix_cache: PrefixCache | None = None,
         lora: LoRASlots | None = None,
+        generator: torch.Generator | None = None,
     ):
         self.model = model
+        self.generator = generator  # the engine's sampling stream (None: torch's global one)
         self.prefix_cache = prefix_cache
         self.lora = lora
         self.sampling = sampling
@@ -173,7 +175,7 @@ class DecodeBatch:
 
     def _record(self, logits: torch.Tensor, first_new_row: int) -> list[Row]:
         """Sample the next token of rows `first_new_row:` from their logits, append it, drop finished rows."""
-        tokens, logprobs = sample_tokens(logits, self.sampling)  # (N,), (N,)
+        tokens, logprobs = sample_tokens(logits, self.sampling, self.generator)  # (N,), (N,)
         new_rows = self.rows[first_new_row:]
         for row, token, logprob in zip(new_rows, tokens.tolist(), logprobs.tolist()):
             row.tokens.append(token)

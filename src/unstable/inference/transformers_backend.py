@@ -25,7 +25,8 @@ class TransformersBackend(InferenceBackend):
     """Serves a causal LM and any number of LoRA adapters; one forward pass mixes adapters row by row (batched
     LoRA, `inference/lora.py`).
 
-    The server drives its continuous batch with `add` and `step`; `generate` completes a batch on its own.
+    The server drives its continuous batch with `add` and `step`; `generate` completes a batch on its own. Tokens
+    are sampled from the engine's own generator, seeded with `seed` (torch's global RNG is left alone).
     """
 
     def __init__(
@@ -41,9 +42,9 @@ class TransformersBackend(InferenceBackend):
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        torch.manual_seed(seed)
         self.sampling = sampling
         self.device = device
+        self.generator = torch.Generator(device).manual_seed(seed)  # this engine's own sampling stream
         self.max_model_len = max_model_len
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
         if self.tokenizer.pad_token_id is None:
@@ -126,6 +127,7 @@ class TransformersBackend(InferenceBackend):
             device=self.device,
             prefix_cache=self.prefix_cache,
             lora=self.lora,
+            generator=self.generator,
         )
 
     def _admit(

@@ -10,8 +10,11 @@ no Ray CPU (their work is waiting or is placed by GPUs), so a whole run fits on 
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.util
 import logging
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +148,8 @@ class CollectorActor(Collector):
     `CollectorConfig` field (max_turns, group_size, evaluation_opponents, ...) by keyword; envs as `(env_id,
     players, template)`; the seed's one `evaluation_opponent` is the list of that opponent. Finished games go to
     the buffer, the pool and the tracker without waiting for an answer; per game the collector waits only for its
-    opponents (`ModelPool.sample_match`).
+    opponents (`ModelPool.sample_match`). A resumed run passes the learner step it resumed from as `resume_step`:
+    its games and inference actors then draw seeds that no earlier session of the run used.
     """
 
     def __init__(
@@ -161,6 +165,7 @@ class CollectorActor(Collector):
         inference: InferenceConfig | None = None,
         dtype: str = "float32",
         seed: int = 0,
+        resume_step: int = 0,
         **settings,
     ):
         _log_with(tracker, "collector")
@@ -172,7 +177,8 @@ class CollectorActor(Collector):
             inference = inference.model_copy(update={"num_actors": num_actors})
         if evaluation_opponent is not None:
             settings["evaluation_opponents"] = [evaluation_opponent]
-        client = InferenceClient([RemoteProxy(server) for server in _start_servers(model_path, inference, dtype, seed)])
+        servers = _start_servers(model_path, inference, dtype, seed, resume_step)
+        client = InferenceClient([RemoteProxy(server) for server in servers])
         cfg = CollectorConfig(**settings)
         super().__init__(
             client,
@@ -182,6 +188,7 @@ class CollectorActor(Collector):
             cfg,
             tokenizer=_chat_tokenizer(cfg, model_path),
             seed=seed,
+            resume_step=resume_step,
         )
         ray.get(tracker.add_source.remote(client))
 
@@ -190,21 +197,38 @@ class CollectorActor(Collector):
 class InferenceServerActor(InferenceServer):
     """An inference server Ray restarts (up to `InferenceConfig.max_restarts` times) when its process dies.
 
-    A restarted one loads its engine again at once. The games that were waiting on the dead one fail (counted
-    in `collector/failed_games` and by cause) and the collector starts new games in their place.
+    `backend_factory(seed=...)` builds its engine, sampling from the stream `seed` names (one per actor, see
+    `_start_servers`). A restarted one loads its engine again at once, with `seed` mixed with a fresh restart nonce
+    so it does not replay the stream its dead process began. The games that were waiting on the dead one fail
+    (counted in `collector/failed_games` and by cause) and the collector starts new games in their place.
     """
 
-    def __init__(self, backend_factory, cfg: InferenceConfig):
-        super().__init__(backend_factory, cfg)
-        if ray.get_runtime_context().was_current_actor_reconstructed:
-            log.warning("inference server restarted after its process died: loading the engine again")
+    def __init__(self, backend_factory, cfg: InferenceConfig, seed: int = 0):
+        restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        if restarted:
+            nonce = secrets.randbits(32)
+            seed = _mixed_seed(seed, nonce)
+            log.warning(
+                "inference server restarted after its process died: loading the engine again, sampling seed %d "
+                "(restart nonce %d)",
+                seed,
+                nonce,
+            )
+        super().__init__(functools.partial(backend_factory, seed=seed), cfg)
+        if restarted:
             self.start()
 
 
-def _start_servers(model_path: str, inference: InferenceConfig, dtype: str, seed: int) -> list:
-    """`inference.num_actors` started inference server actors."""
-    import functools
+def _mixed_seed(*parts: int) -> int:
+    """A 32-bit seed hashed from `parts` (vLLM also seeds numpy with it, which takes 32 bits)."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
 
+
+def _start_servers(model_path: str, inference: InferenceConfig, dtype: str, seed: int, resume_step: int = 0) -> list:
+    """`inference.num_actors` started inference server actors, each sampling with its own seed, mixed from the run's
+    `seed`, its index and `resume_step` (0 for a fresh run): no two actors, nor two sessions of a resumed run, share
+    a stream. The seeds are logged."""
     from unstable.inference import make_backend
 
     needed, have = inference.num_gpus * inference.num_actors, ray.cluster_resources().get("GPU", 0.0)
@@ -213,12 +237,14 @@ def _start_servers(model_path: str, inference: InferenceConfig, dtype: str, seed
             f"{inference.num_actors} inference actors with {inference.num_gpus} GPU each need {needed} GPUs; "
             f"the Ray cluster has {have}"
         )
-    factory = functools.partial(make_backend, model_path, inference, dtype=dtype, seed=seed)
+    factory = functools.partial(make_backend, model_path, inference, dtype=dtype)
+    seeds = [_mixed_seed(seed, index, resume_step) for index in range(inference.num_actors)]
+    log.warning("inference actors sample with seeds %s (run seed %d, resume step %d)", seeds, seed, resume_step)
     servers = [
         InferenceServerActor.options(num_gpus=inference.num_gpus, max_restarts=inference.max_restarts).remote(
-            factory, inference
+            factory, inference, actor_seed
         )
-        for _ in range(inference.num_actors)
+        for actor_seed in seeds
     ]
     ray.get([server.start.remote() for server in servers])
     return servers

@@ -156,7 +156,7 @@ def resume_training(
     point = resume.latest_state(run_dir)
     truncate_metrics(run_dir / "metrics.jsonl", point[0] if point else -1)
     write_config(cfg, run_dir)
-    return _run_on_ray(cfg, run_dir, on_row, point[1] if point else None)
+    return _run_on_ray(cfg, run_dir, on_row, point)
 
 
 def write_config(cfg: RunConfig, run_dir: Path) -> None:
@@ -181,15 +181,16 @@ def check_resources(cfg: RunConfig) -> None:
 
 
 def _run_on_ray(
-    cfg: RunConfig, run_dir: Path, on_row: Callable[[dict[str, Any]], None], state_dir: Path | None
+    cfg: RunConfig, run_dir: Path, on_row: Callable[[dict[str, Any]], None], point: tuple[int, Path] | None
 ) -> RunSummary:
-    """Start Ray, build the topology, restore `state_dir` if given, `run`, shut Ray down."""
+    """Start Ray, build the topology, restore the saved state `point` (`resume.latest_state`) if given, `run`, shut
+    Ray down."""
     import ray
 
     init_ray(cfg)
     try:
-        topology = build_topology(cfg, run_dir)
-        start_step = ray.get(topology.learner.restore.remote(str(state_dir))) if state_dir else 0
+        topology = build_topology(cfg, run_dir, resume_step=point[0] if point else 0)
+        start_step = ray.get(topology.learner.restore.remote(str(point[1]))) if point else 0
         return run(topology, cfg, on_row, start_step)
     finally:
         ray.shutdown()

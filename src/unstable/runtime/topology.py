@@ -51,11 +51,12 @@ def init_ray(cfg: RunConfig) -> None:
     )
 
 
-def build_topology(cfg: RunConfig, run_dir: Path) -> Topology:
+def build_topology(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> Topology:
     """Create every component as a Ray actor (Ray must be running) and wire them; returns their handles.
 
     The actors are the shells of `runtime.actors`, the same ones the seed's scripts create by hand; here each
-    gets its config section whole.
+    gets its config section whole. A run resumed from learner step `resume_step` gives its collector that step,
+    so its games and inference actors draw seeds that no earlier session of the run used.
     """
     import ray
 
@@ -77,6 +78,7 @@ def build_topology(cfg: RunConfig, run_dir: Path) -> Topology:
         inference=cfg.inference,
         dtype=cfg.model.dtype,
         seed=seed,
+        resume_step=resume_step,
         **cfg.collector.model_dump(),
     )
     learner = LearnerActor.options(name="Learner", num_gpus=cfg.learner.num_gpus).remote(
