@@ -63,6 +63,9 @@ class GenerationResult:
 
     `logprobs[i] = log softmax(logits / temperature)[completion_token_ids[i]]` (temperature 1 when greedy),
     the behaviour policy the learner corrects against.
+
+    `served_by`, set by the inference server, is the checkpoint whose weights produced it: the one requested, or
+    the newer full checkpoint loaded in its place (a game started before a full-weight update).
     """
 
     text: str
@@ -70,6 +73,7 @@ class GenerationResult:
     completion_token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: str = "stop"
+    served_by: Checkpoint | None = None
 
 
 @dataclass(frozen=True)

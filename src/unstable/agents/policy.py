@@ -43,6 +43,6 @@ class PolicyAgent(Agent):
             completion_token_ids=result.completion_token_ids,
             behaviour_logprobs=result.logprobs,
             format_ok=format_ok,
-            checkpoint=self.checkpoint,
+            checkpoint=result.served_by or self.checkpoint,  # the weights that sampled it, for its staleness
             generation_seconds=time.perf_counter() - start,
         )
