@@ -29,6 +29,7 @@ OBSERVATION = "Current Board: 0 | 1 | 2. Available Moves: '[0]', '[1]'"
 PROMPT = get_template("qwen3-zs").render(OBSERVATION)
 LONG_PROMPT = get_template("qwen3-zs").render(" ".join([OBSERVATION] * 16))  # several KV-cache blocks
 MAX_NEW_TOKENS = 8
+HIGH_RANK = 96  # above the max_lora_rank of 64 vLLM used to be started with; served by vLLM's next size, 128
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def engine(tiny_model_dir):
         cfg = InferenceConfig(
             backend="vllm", max_new_tokens=MAX_NEW_TOKENS, max_model_len=512, max_loras=2, num_threads=None
         )
-        backend = make_backend(tiny_model_dir, cfg)
+        backend = make_backend(tiny_model_dir, cfg, lora_rank=HIGH_RANK)
     yield backend
     backend.close()
 
@@ -54,14 +55,16 @@ def sampling(backend, **changes):
         backend.sampling = saved
 
 
-def _lora_model(tiny_model_dir, adapter_path=None):
+def _lora_model(tiny_model_dir, adapter_path=None, rank=4):
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     if adapter_path is not None:
         return PeftModel.from_pretrained(base, adapter_path)
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
+    config = LoraConfig(
+        r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False
+    )
     return get_peft_model(base, config)
 
 
@@ -148,6 +151,18 @@ def test_lora_changes_greedy_output_and_base_requests_stay_base(engine, random_a
         )
     assert adapted.completion_token_ids != before.completion_token_ids
     assert base_again.completion_token_ids == base_none.completion_token_ids == before.completion_token_ids
+
+
+def test_an_adapter_of_rank_above_64_is_hot_swapped(engine, tiny_model_dir, tmp_path):
+    path = tmp_path / "rank-96"
+    _lora_model(tiny_model_dir, rank=HIGH_RANK).save_pretrained(path)  # 96 > the 64 outputs of the tiny v_proj:
+    # peft and vLLM allow it (A is r x in, B is out x r)
+    adapter = Checkpoint("rank-96", str(path), 3)
+    with sampling(engine, temperature=0.7):
+        result = engine.submit(GenerationRequest(PROMPT, adapter)).result()
+    assert engine.engine.vllm_config.lora_config.max_lora_rank == 128  # the smallest size vLLM allows above 96
+    model = _lora_model(tiny_model_dir, adapter.path)
+    assert result.logprobs == pytest.approx(_scored_logprobs(model, result, 0.7), abs=1e-4)
 
 
 def test_adapter_ids_are_reused_and_never_taken_from_running_requests():
@@ -317,7 +332,7 @@ def test_two_learner_steps_through_ray_with_vllm(tiny_model_dir, tmp_path):
         "inference.backend=vllm", "inference.max_model_len=1024", "inference.num_actors=2",
         "evaluation.games_at_start=2", "evaluation.games_at_end=2",
         "run.num_cpus=4",  # each inference actor and the learner reserve one Ray CPU
-        "warm_start=null", "learner.lora={lora_rank: 16, lora_alpha: 32}",  # adapters, hot-swapped by vLLM
+        "warm_start=null", f"learner.lora={{lora_rank: {HIGH_RANK}, lora_alpha: 32}}",  # adapters, hot-swapped
     ]  # fmt: skip
     rows = []
     summary = train(load_config(EXAMPLE, overrides), on_row=rows.append)

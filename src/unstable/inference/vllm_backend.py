@@ -6,9 +6,10 @@ the engine core in a child process, so scripts that build this backend need an `
 guard.) Each request naming a LoRA checkpoint carries a `LoRARequest(uid, id, path)`; vLLM loads the adapter from
 the path on first use and keeps up to `max_loras` resident. A request holds its adapter's id until it finishes, so
 a game that started on an older checkpoint keeps its adapter while newer games use the new one; with
-`max_loras >= staleness + 1` (the checkpoints in play at once) no adapter is evicted and reloaded in a loop. A
-full checkpoint runs on the base weights, which `load_weights` replaces in place while no request runs (the
-`InferenceServer` waits for that).
+`max_loras >= staleness + 1` (the checkpoints in play at once) no adapter is evicted and reloaded in a loop. The
+engine's `max_lora_rank` is the smallest size vLLM allows that holds the rank it is told. A full checkpoint runs
+on the base weights, which `load_weights` replaces in place while no request runs (the `InferenceServer` waits
+for that).
 
 Log-probs come from vLLM's sampler after temperature scaling (`logprobs_mode="processed_logprobs"`), so they
 equal the transformers backend's `log softmax(logits / temperature)`; with `top_p < 1` they are those of the
@@ -23,6 +24,7 @@ import asyncio
 import importlib.util
 import itertools
 import threading
+import typing
 from collections import Counter, OrderedDict
 from concurrent.futures import Future
 from pathlib import Path
@@ -46,6 +48,7 @@ if importlib.util.find_spec("vllm") is None:
     raise ImportError(VLLM_MISSING)
 
 from vllm import SamplingParams  # noqa: E402
+from vllm.config.lora import MaxLoRARanks  # noqa: E402
 from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
 from vllm.inputs import tokens_input  # noqa: E402
 from vllm.lora.request import LoRARequest  # noqa: E402
@@ -56,6 +59,7 @@ from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
 # "processed" log-probs are taken after temperature scaling (and top-p truncation): the sampling distribution.
 LOGPROBS_MODE = "processed_logprobs"
 CPU_FIXES = "unstable.inference.vllm_cpu_fixes.CPUWorkerFixes"  # see that module
+UNDECLARED_LORA_RANK = 64  # serves any adapter up to rank 64 when no rank is declared (the seed's lora_config unset)
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")  # what vLLM's default loader reads from a model directory
 
 
@@ -72,12 +76,12 @@ class VLLMBackend(InferenceBackend):
         max_loras: int = 4,
         seed: int = 0,
         gpu_memory_utilization: float = 0.5,
-        max_lora_rank: int = 64,
+        lora_rank: int | None = None,
         enforce_eager: bool | None = None,
         **engine_kwargs,
     ):
-        """Start the engine. `enforce_eager` defaults to True on CPU; `engine_kwargs` go to `AsyncEngineArgs`
-        (and win over the settings made here)."""
+        """Start the engine, able to serve adapters up to `lora_rank` (None: 64). `enforce_eager` defaults to True
+        on CPU; `engine_kwargs` go to `AsyncEngineArgs` (and win over the settings made here)."""
         from transformers import AutoTokenizer
 
         self.sampling = sampling
@@ -94,7 +98,7 @@ class VLLMBackend(InferenceBackend):
                 "gpu_memory_utilization": gpu_memory_utilization,
                 "enable_lora": True,
                 "max_loras": max_loras,
-                "max_lora_rank": max_lora_rank,
+                "max_lora_rank": engine_lora_rank(lora_rank),
                 "enforce_eager": on_cpu if enforce_eager is None else enforce_eager,
                 "logprobs_mode": LOGPROBS_MODE,
                 "worker_extension_cls": CPU_FIXES if on_cpu else "",
@@ -248,6 +252,16 @@ class VLLMBackend(InferenceBackend):
                 f"vLLM did not reset its prefix cache after loading {path!r}: prompts would reuse keys and values "
                 "computed with the old weights"
             )
+
+
+def engine_lora_rank(lora_rank: int | None) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that serves adapters of rank `lora_rank` (None: 64)."""
+    rank = UNDECLARED_LORA_RANK if lora_rank is None else lora_rank
+    allowed = sorted(typing.get_args(MaxLoRARanks))
+    fitting = [size for size in allowed if size >= rank]
+    if not fitting:
+        raise ValueError(f"LoRA rank {rank}: vLLM serves adapters up to rank {allowed[-1]}")
+    return fitting[0]
 
 
 class AdapterIds:

@@ -141,7 +141,8 @@ class CollectorActor(Collector):
     """The seed's `Collector(num_actors, step_buffer, model_pool, tracker, vllm_config, training_envs,
     evaluation_envs, evaluation_opponent)`: it starts `num_actors` inference servers itself.
 
-    The YAML path passes `model_path` and `inference` (an InferenceConfig) instead of `vllm_config`. Any other
+    The YAML path passes `model_path`, `inference` (an InferenceConfig) and `lora_rank` (the largest adapter rank
+    served, `RunConfig.served_lora_rank`) instead of `vllm_config` (whose `lora_config` holds the rank). Any other
     `CollectorConfig` field (max_turns, group_size, evaluation_opponents, ...) by keyword; envs as `(env_id,
     players, template)`; the seed's one `evaluation_opponent` is the list of that opponent. Finished games go to
     the buffer, the pool and the tracker without waiting for an answer; per game the collector waits only for its
@@ -161,18 +162,21 @@ class CollectorActor(Collector):
         inference: InferenceConfig | None = None,
         dtype: str = "float32",
         seed: int = 0,
+        lora_rank: int | None = None,
         **settings,
     ):
         _log_with(tracker, "collector")
         if vllm_config is not None:
             model_path, inference = inference_from_vllm_config(vllm_config)
+            lora_rank = (vllm_config.get("lora_config") or {}).get("lora_rank")
         if model_path is None or inference is None:
             raise ValueError("Collector needs vllm_config (or model_path and inference)")
         if num_actors is not None:
             inference = inference.model_copy(update={"num_actors": num_actors})
         if evaluation_opponent is not None:
             settings["evaluation_opponents"] = [evaluation_opponent]
-        client = InferenceClient([RemoteProxy(server) for server in _start_servers(model_path, inference, dtype, seed)])
+        servers = _start_servers(model_path, inference, dtype, seed, lora_rank)
+        client = InferenceClient([RemoteProxy(server) for server in servers])
         cfg = CollectorConfig(**settings)
         super().__init__(
             client,
@@ -201,8 +205,8 @@ class InferenceServerActor(InferenceServer):
             self.start()
 
 
-def _start_servers(model_path: str, inference: InferenceConfig, dtype: str, seed: int) -> list:
-    """`inference.num_actors` started inference server actors."""
+def _start_servers(model_path: str, inference: InferenceConfig, dtype: str, seed: int, lora_rank: int | None) -> list:
+    """`inference.num_actors` started inference server actors, serving adapters up to `lora_rank`."""
     import functools
 
     from unstable.inference import make_backend
@@ -213,7 +217,7 @@ def _start_servers(model_path: str, inference: InferenceConfig, dtype: str, seed
             f"{inference.num_actors} inference actors with {inference.num_gpus} GPU each need {needed} GPUs; "
             f"the Ray cluster has {have}"
         )
-    factory = functools.partial(make_backend, model_path, inference, dtype=dtype, seed=seed)
+    factory = functools.partial(make_backend, model_path, inference, dtype=dtype, seed=seed, lora_rank=lora_rank)
     servers = [
         InferenceServerActor.options(num_gpus=inference.num_gpus, max_restarts=inference.max_restarts).remote(
             factory, inference

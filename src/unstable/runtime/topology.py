@@ -77,6 +77,7 @@ def build_topology(cfg: RunConfig, run_dir: Path) -> Topology:
         inference=cfg.inference,
         dtype=cfg.model.dtype,
         seed=seed,
+        lora_rank=cfg.served_lora_rank,
         **cfg.collector.model_dump(),
     )
     learner = LearnerActor.options(name="Learner", num_gpus=cfg.learner.num_gpus).remote(
