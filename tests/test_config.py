@@ -1,5 +1,6 @@
 """Config loading: YAML and overrides validate, and every error names the field, the value and the rule."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,18 @@ def test_every_example_config_validates(path):
     if path.name == "single-gpu.yaml":  # both actors on one GPU, on cuda, the engine within its share
         assert cfg.inference.num_gpus + cfg.learner.num_gpus == 1
         assert cfg.inference.device == cfg.learner.device == "cuda"
+
+
+def test_the_lora_rank_served_is_the_largest_the_run_declares(tmp_path):
+    def adapter(name, **config):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "adapter_config.json").write_text(json.dumps(config))
+        return str(tmp_path / name)
+
+    assert load_config(EXAMPLE).served_lora_rank is None  # full fine-tuning against the random agent
+    assert load_config(EXAMPLE, ["learner.lora={lora_rank: 96}"]).served_lora_rank == 96
+    opponent = adapter("opponent", r=8, rank_pattern={"q_proj": 200})  # a LoRA opponent with its own ranks
+    with_opponent = ["learner.lora={lora_rank: 96}", f"pool.fixed_opponents=[random, {opponent}]"]
+    assert load_config(EXAMPLE, with_opponent).served_lora_rank == 200
+    start = ["learner.lora={lora_rank: 4}", f"learner.initial_lora_path={adapter('start', r=128)}"]
+    assert load_config(EXAMPLE, start).served_lora_rank == 128

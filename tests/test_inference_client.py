@@ -8,7 +8,7 @@ import pytest
 
 from unstable.config import ConfigError, validate_config
 from unstable.inference import InferenceClient, InferenceServer
-from unstable.records import GenerationRequest, GenerationResult
+from unstable.records import Checkpoint, GenerationRequest, GenerationResult
 
 RESULT = GenerationResult("x", (1, 2), (3, 4, 5), (-0.1, -0.2, -0.3))
 
@@ -91,3 +91,81 @@ def test_server_passes_requests_to_a_self_batching_backend_and_counts_them():
     assert [server.generate(GenerationRequest(str(i))) for i in range(3)] == [RESULT] * 3
     stats = server.stats()
     assert stats["inference/requests"] == 3 and stats["inference/generated_tokens"] == 9
+
+
+class _HeldBackend:
+    """A self-batching backend whose requests finish when the test says; it records each full-weight load and
+    which requests were still running at that moment."""
+
+    def __init__(self):
+        self.running: list[Future] = []
+        self.loads: list[tuple[str, int]] = []  # (path, requests running during the load)
+
+    def submit(self, request):
+        future = Future()
+        self.running.append(future)
+        return future
+
+    def load_weights(self, path):
+        if path == "broken":
+            raise RuntimeError("no weights in 'broken'")
+        self.loads.append((path, sum(not f.done() for f in self.running)))
+
+    def finish_all(self):
+        for future in self.running:
+            if not future.done():
+                future.set_result(RESULT)
+
+
+BASE = Checkpoint("ckpt--1", None, -1)
+FULL_1 = Checkpoint("ckpt-1", "ckpt-1-dir", 1, kind="full")
+
+
+def test_a_newer_full_checkpoint_is_loaded_once_running_requests_finish_and_results_name_their_weights():
+    backend = _HeldBackend()
+    server = InferenceServer(lambda: backend)
+    server.start()
+    old = server.submit(GenerationRequest("a", BASE))  # a game that started before the update
+    served = []
+    newer = threading.Thread(target=lambda: served.append(server.generate(GenerationRequest("b", FULL_1))))
+    newer.start()
+    newer.join(timeout=0.5)
+    assert newer.is_alive() and backend.loads == []  # the reload waits: `old` still runs on the old weights
+    backend.finish_all()
+    assert old.result(timeout=10).served_by == BASE
+    while newer.is_alive():
+        backend.finish_all()
+        newer.join(timeout=0.05)
+    assert backend.loads == [("ckpt-1-dir", 0)]  # loaded before the request naming it ran, with nothing running
+    assert served[0].served_by == FULL_1
+
+    stale = server.submit(GenerationRequest("c", BASE))  # an older game's request runs on the newer weights
+    backend.finish_all()
+    assert stale.result(timeout=10).served_by == FULL_1 and len(backend.loads) == 1
+
+
+def test_a_failed_full_weight_load_fails_the_request_naming_it_and_is_retried():
+    backend = _HeldBackend()
+    server = InferenceServer(lambda: backend)
+    server.start()
+    broken = Checkpoint("ckpt-2", "broken", 2, kind="full")
+    with pytest.raises(RuntimeError, match="no weights in 'broken'"):
+        server.submit(GenerationRequest("a", broken)).result(timeout=10)
+    request = server.submit(GenerationRequest("b", FULL_1))  # the server still serves, and loads what it can
+    backend.finish_all()
+    assert request.result(timeout=10).served_by == FULL_1 and backend.loads == [("ckpt-1-dir", 0)]
+
+
+def test_a_stale_games_decision_records_the_weights_that_served_it():
+    from unstable.agents.policy import PolicyAgent
+    from unstable.games import get_template
+
+    class FullWeightsBackend(_SelfBatchingBackend):
+        def load_weights(self, path):
+            pass
+
+    server = InferenceServer(FullWeightsBackend)
+    server.start()
+    server.generate(GenerationRequest("a", FULL_1))  # the newest game loads ckpt-1
+    decision = PolicyAgent(server, BASE, get_template("qwen3-zs")).act("Current Board: 0 | 1 | 2")
+    assert decision.checkpoint == FULL_1  # so its Step's policy_version (and staleness) is ckpt-1's

@@ -167,6 +167,9 @@ def test_full_finetuning_checkpoint_replaces_served_weights(tiny_model_dir, tmp_
     assert new.kind == "full" and (tmp_path / "checkpoints" / "ckpt-1" / "model.safetensors").exists()
     after = server.generate(GenerationRequest(PROMPT, new))
     assert after.logprobs != pytest.approx(before.logprobs, abs=1e-6)
+    stale = server.generate(GenerationRequest(PROMPT, base))  # a game started before the update
+    assert (before.served_by, after.served_by, stale.served_by) == (base, new, new)  # the weights that served it
+    assert stale.logprobs == pytest.approx(after.logprobs, abs=1e-6)
     server.stop()
 
 

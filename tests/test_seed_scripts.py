@@ -74,10 +74,10 @@ def test_seed_000_minimal_training_script(tiny_model_dir, tmp_path):
             RAY_INIT,
             ("max_buffer_size=768", "max_buffer_size=64"),
             ('"max_tokens": 2048', '"max_tokens": 8'),
-            ('"lora_config": {"lora_rank": 32}', '"lora_config": {"lora_rank": 4}'),
+            ('"lora_config": {"lora_rank": 32}', '"lora_config": {"lora_rank": 96}'),  # above vLLM's former 64
             ('"max_model_len": 8192', '"max_model_len": 1024'),
             ("batch_size=384", "batch_size=8"),
-            ('lora_cfg={"lora_rank": 32}', 'lora_cfg={"lora_rank": 4}'),
+            ('lora_cfg={"lora_rank": 32}', 'lora_cfg={"lora_rank": 96}'),
             ("num_workers=256", "num_workers=8"),
             ("learner.train.remote(100)", "learner.train.remote(2)"),
         ],

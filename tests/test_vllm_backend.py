@@ -33,6 +33,7 @@ OBSERVATION = "Current Board: 0 | 1 | 2. Available Moves: '[0]', '[1]'"
 PROMPT = get_template("qwen3-zs").render(OBSERVATION)
 LONG_PROMPT = get_template("qwen3-zs").render(" ".join([OBSERVATION] * 16))  # several KV-cache blocks
 MAX_NEW_TOKENS = 8
+HIGH_RANK = 96  # above the max_lora_rank of 64 vLLM used to be started with; served by vLLM's next size, 128
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def engine(tiny_model_dir):
         cfg = InferenceConfig(
             backend="vllm", max_new_tokens=MAX_NEW_TOKENS, max_model_len=512, max_loras=2, num_threads=None
         )
-        backend = make_backend(tiny_model_dir, cfg)
+        backend = make_backend(tiny_model_dir, cfg, lora_rank=HIGH_RANK)
     yield backend
     backend.close()
 
@@ -58,14 +59,16 @@ def sampling(backend, **changes):
         backend.sampling = saved
 
 
-def _lora_model(tiny_model_dir, adapter_path=None):
+def _lora_model(tiny_model_dir, adapter_path=None, rank=4):
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     if adapter_path is not None:
         return PeftModel.from_pretrained(base, adapter_path)
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
+    config = LoraConfig(
+        r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False
+    )
     return get_peft_model(base, config)
 
 
@@ -130,7 +133,7 @@ def test_generation_fills_results_like_the_transformers_backend(engine, eos_adap
 def test_logprobs_match_a_transformers_forward_pass(engine, tiny_model_dir, eos_adapter, random_adapter, temperature):
     base = _lora_model(tiny_model_dir, random_adapter.path)
     engine.submit(GenerationRequest(PROMPT, eos_adapter)).result()  # puts the random adapter in the last slot,
-    # which vLLM's CPU LoRA ops used to apply to base-model rows (see unstable.inference.vllm_cpu_lora_fix)
+    # which vLLM's CPU LoRA ops used to apply to base-model rows (see unstable.inference.vllm_cpu_fixes)
     with sampling(engine, temperature=temperature):
         plain, adapted = engine.generate([GenerationRequest(PROMPT), GenerationRequest(PROMPT, random_adapter)])
     scale = temperature or 1.0  # greedy: the model's own distribution
@@ -167,6 +170,18 @@ def test_lora_changes_greedy_output_and_base_requests_stay_base(engine, random_a
         )
     assert adapted.completion_token_ids != before.completion_token_ids
     assert base_again.completion_token_ids == base_none.completion_token_ids == before.completion_token_ids
+
+
+def test_an_adapter_of_rank_above_64_is_hot_swapped(engine, tiny_model_dir, tmp_path):
+    path = tmp_path / "rank-96"
+    _lora_model(tiny_model_dir, rank=HIGH_RANK).save_pretrained(path)  # 96 > the 64 outputs of the tiny v_proj:
+    # peft and vLLM allow it (A is r x in, B is out x r)
+    adapter = Checkpoint("rank-96", str(path), 3)
+    with sampling(engine, temperature=0.7):
+        result = engine.submit(GenerationRequest(PROMPT, adapter)).result()
+    assert engine.engine.vllm_config.lora_config.max_lora_rank == 128  # the smallest size vLLM allows above 96
+    model = _lora_model(tiny_model_dir, adapter.path)
+    assert result.logprobs == pytest.approx(_scored_logprobs(model, result, 0.7), abs=1e-4)
 
 
 def test_adapter_ids_are_reused_and_never_taken_from_running_requests():
@@ -248,14 +263,23 @@ def _wait_for_steps_of(buffer, uid, timeout):
     raise AssertionError(f"no game played {uid} within {timeout}s")
 
 
-def test_full_weight_reload_serves_the_new_weights(engine, tiny_model_dir, tmp_path):
+def _full_checkpoint(tiny_model_dir, path):
+    """A whole fine-tuned model saved at `path`: the tiny model with its first MLP scaled by -3 and its embedding,
+    which the output layer shares (`tie_word_embeddings`), by 2; returns the model."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert model.config.tie_word_embeddings
     with torch.no_grad():
         for param in model.model.layers[0].mlp.parameters():
             param.mul_(-3.0)
-    model.save_pretrained(tmp_path / "full")
+        model.model.embed_tokens.weight.mul_(2.0)
+    model.save_pretrained(path)
+    return model
+
+
+def test_full_weight_reload_serves_the_new_weights(engine, tiny_model_dir, tmp_path):
+    model = _full_checkpoint(tiny_model_dir, tmp_path / "full")
     with sampling(engine, temperature=0.0):
         before = engine.submit(GenerationRequest(LONG_PROMPT)).result()
         engine.load_weights(str(tmp_path / "full"))
@@ -267,6 +291,44 @@ def test_full_weight_reload_serves_the_new_weights(engine, tiny_model_dir, tmp_p
     assert after.logprobs == pytest.approx(_scored_logprobs(model, after, 1.0), abs=1e-4)
     assert after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
     assert restored.completion_token_ids == before.completion_token_ids
+
+
+def test_a_full_checkpoint_through_the_server_is_loaded_after_running_requests_and_before_its_own(
+    engine, tiny_model_dir, tmp_path
+):
+    model = _full_checkpoint(tiny_model_dir, tmp_path / "ckpt-1")
+    base, new = Checkpoint("ckpt--1", None, -1), Checkpoint("full-1", str(tmp_path / "ckpt-1"), 1, kind="full")
+    server = InferenceServer(lambda: engine, InferenceConfig(max_loras=2))
+    server.start()
+    try:
+        with sampling(engine, temperature=0.0):
+            before = server.generate(GenerationRequest(LONG_PROMPT, base))
+            running = [server.submit(GenerationRequest(LONG_PROMPT, base)) for _ in range(3)]
+            after = server.generate(GenerationRequest(LONG_PROMPT, new))  # waits for `running`, then reloads
+            stale = server.generate(GenerationRequest(LONG_PROMPT, base))  # a game that started before the update
+    finally:
+        engine.load_weights(tiny_model_dir)  # the module's engine serves the base model again
+    assert "full-1" not in engine.adapter_ids.resident  # no LoRARequest named the full checkpoint
+    for old in (future.result() for future in running):  # finished on the weights they started on
+        assert old.completion_token_ids == before.completion_token_ids and old.served_by == base
+        assert old.logprobs == pytest.approx(before.logprobs, abs=1e-5)
+    assert after.logprobs == pytest.approx(_scored_logprobs(model, after, 1.0), abs=1e-4)
+    assert after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
+    assert after.served_by == new and stale.served_by == new  # the stale request says which weights served it
+    assert stale.completion_token_ids == after.completion_token_ids
+
+
+def test_a_failed_full_weight_reload_raises_a_clear_error(engine, tiny_model_dir, tmp_path, monkeypatch):
+    with pytest.raises(RuntimeError, match="holds no weights"):  # refused before vLLM, whose failed reload
+        engine.load_weights(str(tmp_path))  # kills its engine core
+    assert engine.submit(GenerationRequest(PROMPT)).result().completion_token_ids  # still serving
+
+    async def no_reset():
+        return False
+
+    monkeypatch.setattr(engine.engine, "reset_prefix_cache", no_reset)
+    with pytest.raises(RuntimeError, match="did not reset its prefix cache"):
+        engine.load_weights(tiny_model_dir)
 
 
 def test_make_backend_names_the_extra_when_vllm_is_missing(monkeypatch, tiny_model_dir):
@@ -289,7 +351,7 @@ def test_two_learner_steps_through_ray_with_vllm(tiny_model_dir, tmp_path):
         "inference.backend=vllm", "inference.max_model_len=1024", "inference.num_actors=2",
         "evaluation.games_at_start=2", "evaluation.games_at_end=2",
         "run.num_cpus=4",  # each inference actor and the learner reserve one Ray CPU
-        "warm_start=null", "learner.lora={lora_rank: 16, lora_alpha: 32}",  # adapters, hot-swapped by vLLM
+        "warm_start=null", f"learner.lora={{lora_rank: {HIGH_RANK}, lora_alpha: 32}}",  # adapters, hot-swapped
         "inference.top_p=0.5",  # the learner scores each token under the nucleus it was sampled from
     ]  # fmt: skip
     rows = []
@@ -299,3 +361,41 @@ def test_two_learner_steps_through_ray_with_vllm(tiny_model_dir, tmp_path):
     assert rows[1][keys.RATIO_MEAN] == pytest.approx(1.0, abs=0.01)  # the first update's batch is on-policy
     assert sum(r["inference/generated_tokens"] for r in rows[1:]) > 0  # per window: a short one may see none
     assert (tmp_path / "vllm-smoke" / "checkpoints" / "ckpt-2" / "adapter_model.safetensors").exists()
+
+
+def test_full_finetuning_through_ray_with_vllm(tiny_model_dir, tmp_path, monkeypatch):
+    from unstable.config import load_config
+    from unstable.runtime import driver, train
+
+    from .test_config import EXAMPLE
+
+    evaluated, table = [], driver.eval_table  # each evaluation's games: the driver process tabulates them
+    monkeypatch.setattr(driver, "eval_table", lambda records: evaluated.append(records) or table(records))
+    overrides = [
+        f"run.dir={tmp_path}", "run.name=vllm-full", f"model.path={tiny_model_dir}",
+        "model.build_tiny_if_missing=false", "learner.num_steps=2", "learner.batch_size=8",
+        "learner.learning_rate=0.05", "learner.lr_schedule=constant", "buffer.sampling_reward_transforms=[]",
+        "collector.num_workers=4", "collector.num_eval_workers=0",
+        "inference.max_new_tokens=8", "inference.backend=vllm", "inference.max_model_len=1024",
+        "evaluation.games_at_start=2", "evaluation.games_at_end=2", "run.num_cpus=3",
+        "warm_start=null",  # the example fine-tunes every weight (learner.lora: null), one checkpoint in play
+    ]  # fmt: skip
+    rows = []
+    summary = train(load_config(EXAMPLE, overrides), on_row=rows.append)
+    assert summary.learner_steps == 2 and summary.train_games >= 1
+    assert sum(r[keys.FAILED_GAMES] for r in rows[1:]) == 0  # learner-seat games used to fail after step 1
+    assert summary.eval_start["failed"] == summary.eval_end["failed"] == 0
+
+    # the final evaluation's moves were sampled from ckpt-2's weights, not the base model's
+    from transformers import AutoModelForCausalLM
+
+    steps = [s for record in evaluated[-1] for s in record.steps if s.has_tokens]
+    assert steps and {s.checkpoint_uid for s in steps} == {"ckpt-2"}
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "vllm-full" / "checkpoints" / "ckpt-2")
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert _max_gap(steps, trained) < 1e-3 < 0.01 < _max_gap(steps, base)
+
+
+def _max_gap(steps, model) -> float:
+    """The largest difference between a step's behaviour log-prob and `model`'s log-prob of that token."""
+    return max(abs(a - b) for s in steps for a, b in zip(s.behaviour_logprobs, _scored_logprobs(model, s, 1.0)))

@@ -65,6 +65,9 @@ class GenerationResult:
     `logprobs[i]` is `log q(completion_token_ids[i])`, q the tempered distribution `softmax(logits / temperature)`
     cut to its top-p nucleus and renormalised (when `top_p < 1`); greedy decoding (`temperature == 0`) records
     the untruncated temperature-1 log-probs. This is the behaviour policy the learner corrects against.
+
+    `served_by`, set by the inference server, is the checkpoint whose weights produced it: the one requested, or
+    the newer full checkpoint loaded in its place (a game started before a full-weight update).
     """
 
     text: str
@@ -74,6 +77,7 @@ class GenerationResult:
     finish_reason: str = "stop"
     temperature: float = 1.0
     top_p: float = 1.0
+    served_by: Checkpoint | None = None
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ class PolicyAgent(Agent):
             completion_token_ids=result.completion_token_ids,
             behaviour_logprobs=result.logprobs,
             format_ok=format_ok,
-            checkpoint=self.checkpoint,
+            checkpoint=result.served_by or self.checkpoint,  # the weights that sampled it, for its staleness
             generation_seconds=time.perf_counter() - start,
             temperature=result.temperature,
             top_p=result.top_p,

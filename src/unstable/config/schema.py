@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from unstable.agents.seating import parse_opponent
 from unstable.buffer.config import BufferConfig
 from unstable.collector.config import CollectorConfig
 from unstable.inference.config import InferenceConfig
@@ -75,6 +76,20 @@ class RunConfig(Settings):
     evaluation: EvaluationConfig = EvaluationConfig()
     tracker: TrackerConfig = TrackerConfig()
     warm_start: WarmStartConfig | None = None
+
+    @property
+    def served_lora_rank(self) -> int | None:
+        """The largest LoRA rank the inference engine serves: the LoRA learner's and its initial adapter's, and
+        that of every opponent given as an adapter directory (None: no adapter at all)."""
+        from unstable.inference.lora import adapter_rank
+
+        opponents = [parse_opponent(name) for name in self.pool.fixed_opponents + self.collector.evaluation_opponents]
+        adapters = [o.checkpoint.path for o in opponents if o.checkpoint is not None]
+        lora = self.learner.lora
+        if lora is not None and self.learner.initial_lora_path:
+            adapters.append(self.learner.initial_lora_path)
+        ranks = [adapter_rank(path) for path in adapters] + ([lora.lora_rank] if lora is not None else [])
+        return max(ranks, default=None)
 
     @model_validator(mode="after")
     def _warm_start_seats_every_player(self) -> RunConfig:

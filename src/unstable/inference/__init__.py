@@ -12,9 +12,12 @@ from unstable.inference.server import InferenceServer
 BACKENDS = ("transformers", "vllm")
 
 
-def make_backend(model_path: str, cfg: InferenceConfig, *, dtype: str = "float32", seed: int = 0) -> InferenceBackend:
+def make_backend(
+    model_path: str, cfg: InferenceConfig, *, dtype: str = "float32", seed: int = 0, lora_rank: int | None = None
+) -> InferenceBackend:
     """Build the backend `cfg.backend` names on `cfg.device` (runs inside the inference process, so heavy
     imports happen there). On a GPU the transformers engine is held to `cfg.gpu_memory_utilization` of it.
+    `lora_rank` is the largest adapter rank the run serves (None: none declared); vLLM sizes its LoRA slots by it.
 
     "vllm" raises ImportError naming the extra to install when vLLM is missing.
     """
@@ -49,6 +52,7 @@ def make_backend(model_path: str, cfg: InferenceConfig, *, dtype: str = "float32
         max_loras=cfg.max_loras,
         seed=seed,
         gpu_memory_utilization=cfg.gpu_memory_utilization,
+        lora_rank=lora_rank,
     )
 
 

@@ -65,7 +65,8 @@ class InferenceBackend(ABC):
         """Free the adapter `uid`."""
 
     def load_weights(self, path: str) -> None:
-        """Replace the base weights in place (full fine-tuning); backends that cannot do it say so."""
+        """Replace the base weights in place (full fine-tuning) while no request runs (the `InferenceServer`
+        waits for that); backends that cannot do it say so."""
         raise NotImplementedError(f"{type(self).__name__} cannot reload full weights")
 
     def close(self) -> None:  # noqa: B027 - a no-op default, not abstract

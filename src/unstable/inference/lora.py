@@ -118,6 +118,12 @@ class LoRASlots:
         return wrapper
 
 
+def adapter_rank(path: str | Path) -> int:
+    """The largest rank of a PEFT LoRA adapter directory: its `r`, or a larger one in its `rank_pattern`."""
+    config = json.loads((Path(path) / "adapter_config.json").read_text())
+    return max([config["r"], *(config.get("rank_pattern") or {}).values()])
+
+
 def _lora_pairs(weights: dict[str, torch.Tensor], path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """`module path -> (A (r, in), B (out, r))` from a PEFT adapter's tensors."""
     pairs: dict[str, dict[str, torch.Tensor]] = {}

@@ -7,9 +7,14 @@ their adapters resident (loading from the checkpoint path, evicting the least re
 needs), steps the batch and resolves each future the moment its row finishes, so a finished row's slot goes to
 a waiting request at once. A backend with only `generate` runs as static batches (`StaticBatches`): an idle
 server waits up to `batch_wait_ms` for company, then completes the whole batch in one step. A backend with its
-own `submit` (vLLM's engine, which also manages its adapters) gets each request straight away; the server only
-counts. The Ray actor is this class under `ray.remote(max_concurrency=...)`: the same code serves
-local runs and tests.
+own `submit` (vLLM's engine, which also manages its adapters) gets each request straight away; the server counts
+them and keeps the rule below. The Ray actor is this class under `ray.remote(max_concurrency=...)`: the same code
+serves local runs and tests.
+
+Full fine-tuning, on either path: a request naming a full checkpoint newer than the loaded weights waits until
+no request runs (new arrivals wait too), then the backend loads it and it runs; so no row changes weights
+mid-completion. A request naming an older checkpoint (its game started before the update) runs on the loaded
+weights, and every result's `served_by` names the checkpoint that actually produced it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import replace
 
 from unstable.inference.base import InferenceBackend
 from unstable.inference.config import InferenceConfig
@@ -42,7 +48,10 @@ class InferenceServer:
         self.max_loras = cfg.max_loras
         self._queue: queue.Queue[tuple[GenerationRequest, Future]] = queue.Queue()
         self._resident: OrderedDict[str, Checkpoint] = OrderedDict()
-        self._full_weights_version = -1
+        self._full_weights: Checkpoint | None = None  # the full checkpoint loaded (None: the model's own weights)
+        self._in_flight = 0  # requests handed to a self-batching backend and not finished
+        self._reloading = False  # a newer full checkpoint waits for them to finish
+        self._in_flight_changed = threading.Condition()
         self._tags = itertools.count()
         self._waiting: deque[tuple[int, tuple[GenerationRequest, Future]]] = deque()
         self._active: dict[int, tuple[GenerationRequest, Future]] = {}
@@ -97,15 +106,49 @@ class InferenceServer:
         return self._counters.snapshot(reset)
 
     def _submit_direct(self, request: GenerationRequest) -> Future:
+        """Hand one request to the self-batching backend, on the weights `_enter` chose; the returned future
+        resolves to its result, counted and stamped with the checkpoint that served it."""
         start = time.perf_counter()
+        served_by = self._enter(request.checkpoint)
+        future: Future = Future()
 
-        def count(future: Future) -> None:
-            if future.exception() is None:
-                self._counters.add(1, [future.result()], time.perf_counter() - start)
+        def finish(done: Future) -> None:
+            self._leave()
+            if done.exception() is not None:
+                future.set_exception(done.exception())
+                return
+            result = replace(done.result(), served_by=served_by)
+            self._counters.add(1, [result], time.perf_counter() - start)
+            future.set_result(result)
 
-        future = self._backend.submit(request)
-        future.add_done_callback(count)
+        try:
+            self._backend.submit(request).add_done_callback(finish)
+        except BaseException:
+            self._leave()
+            raise
         return future
+
+    def _enter(self, checkpoint: Checkpoint | None) -> Checkpoint | None:
+        """Count one request in flight and return the checkpoint whose weights will serve it. A newer full
+        checkpoint is loaded first, once every running request has finished; arrivals wait meanwhile. A failed
+        load raises here (to the request naming it) and the next request naming it tries again."""
+        with self._in_flight_changed:
+            self._in_flight_changed.wait_for(lambda: not self._reloading)
+            if self._needs_loading(checkpoint):
+                self._reloading = True
+                try:
+                    self._in_flight_changed.wait_for(lambda: self._in_flight == 0)
+                    self._load_full_weights(checkpoint)
+                finally:
+                    self._reloading = False
+                    self._in_flight_changed.notify_all()
+            self._in_flight += 1
+            return self._served_by(checkpoint)
+
+    def _leave(self) -> None:
+        with self._in_flight_changed:
+            self._in_flight -= 1
+            self._in_flight_changed.notify_all()
 
     def _serve(self) -> None:
         while not self._stopped.is_set():
@@ -172,16 +215,22 @@ class InferenceServer:
     def _admissible(self) -> list[tuple[int, tuple[GenerationRequest, Future]]]:
         """Admit waiting requests in order while the batch has room, their adapters fit in `max_loras` beside
         the running rows' and no newer full-weight checkpoint must first be loaded (that waits for the batch
-        to drain, so no row changes weights mid-completion)."""
+        to drain, so no row changes weights mid-completion; a failed load fails the request naming it)."""
         admitted = []
         adapters = self._engine.adapters_in_use()
         while self._waiting and len(self._engine) + len(admitted) < self.max_batch_size:
             request = self._waiting[0][1][0]
             ckpt = request.checkpoint
-            if ckpt is not None and ckpt.kind == "full" and ckpt.version > self._full_weights_version:
+            if self._needs_loading(ckpt):
                 if len(self._engine) or admitted:
                     break
-                self._load_full_weights(ckpt)
+                try:
+                    self._load_full_weights(ckpt)
+                except Exception as exc:  # noqa: BLE001 - the request naming it sees the error; the next retries
+                    log.exception("loading full checkpoint %s failed", ckpt.uid)
+                    _, (_, future) = self._waiting.popleft()
+                    future.set_exception(exc)
+                    continue
             if ckpt is not None and ckpt.is_adapter and ckpt.uid not in adapters:
                 if len(adapters) >= self.max_loras:
                     break
@@ -204,18 +253,30 @@ class InferenceServer:
 
     def _finish(self, finished: list[tuple[int, GenerationResult]], rows: int, seconds: float) -> None:
         self._counters.add(rows, [result for _, result in finished], seconds)
-        for tag, result in finished:
-            _, future = self._active.pop(tag)
-            future.set_result(result)
+        for tag, result in finished:  # the weights have not changed since these rows were admitted
+            request, future = self._active.pop(tag)
+            future.set_result(replace(result, served_by=self._served_by(request.checkpoint)))
 
     def _fail(self, items: dict[int, tuple[GenerationRequest, Future]], exc: Exception) -> None:
         for _, future in items.values():
             future.set_exception(exc)
 
+    def _needs_loading(self, checkpoint: Checkpoint | None) -> bool:
+        """Whether `checkpoint` is a full checkpoint newer than the weights loaded."""
+        loaded = self._full_weights.version if self._full_weights is not None else -1
+        return checkpoint is not None and checkpoint.kind == "full" and checkpoint.version > loaded
+
     def _load_full_weights(self, checkpoint: Checkpoint) -> None:
-        """Full fine-tuning: load a newer full checkpoint into the base weights (the batch is empty)."""
+        """Full fine-tuning: load a newer full checkpoint into the base weights (no request is running)."""
         self._backend.load_weights(checkpoint.path)
-        self._full_weights_version = checkpoint.version
+        self._full_weights = checkpoint
+
+    def _served_by(self, checkpoint: Checkpoint | None) -> Checkpoint | None:
+        """The checkpoint whose weights serve a request naming `checkpoint` now: an adapter is applied as named;
+        anything else runs on the base weights, the newest full checkpoint loaded if there is one."""
+        if self._full_weights is None or (checkpoint is not None and checkpoint.is_adapter):
+            return checkpoint
+        return self._full_weights
 
     def _make_resident(self, checkpoints: list[Checkpoint]) -> None:
         """Load the adapters `checkpoints` name, evicting the least recently used ones no running row needs."""

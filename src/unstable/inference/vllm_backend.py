@@ -3,16 +3,19 @@
 The engine runs on its own asyncio loop in a background thread; `submit` hands one request straight to it and
 returns a `concurrent.futures.Future`, so game threads never wait for a batch to fill. (`AsyncLLM` always runs
 the engine core in a child process, so scripts that build this backend need an `if __name__ == "__main__":`
-guard.) Each request names its checkpoint by `LoRARequest(uid, id, path)`; vLLM loads the adapter from the path
-on first use and keeps up to `max_loras` resident. A request holds its adapter's id until it finishes, so a
-game that started on an older checkpoint keeps its adapter while newer games use the new one; with
-`max_loras >= staleness + 1` (the checkpoints in play at once) no adapter is evicted and reloaded in a loop.
+guard.) Each request naming a LoRA checkpoint carries a `LoRARequest(uid, id, path)`; vLLM loads the adapter from
+the path on first use and keeps up to `max_loras` resident. A request holds its adapter's id until it finishes, so
+a game that started on an older checkpoint keeps its adapter while newer games use the new one; with
+`max_loras >= staleness + 1` (the checkpoints in play at once) no adapter is evicted and reloaded in a loop. The
+engine's `max_lora_rank` is the smallest size vLLM allows that holds the rank it is told. A full checkpoint runs
+on the base weights, which `load_weights` replaces in place while no request runs (the `InferenceServer` waits
+for that).
 
 Log-probs come from vLLM's sampler after temperature scaling and top-p truncation
 (`logprobs_mode="processed_logprobs"`): each token's log-probability under the renormalised distribution it was
 drawn from, the transformers backend's convention (`GenerationResult`; greedy: temperature 1, untruncated, which
-vLLM's greedy path also gives). On CPU the engine also loads
-`unstable.inference.vllm_cpu_lora_fix`, without which base-model requests batched with LoRA requests are wrong.
+vLLM's greedy path also gives). On CPU the engine also loads `unstable.inference.vllm_cpu_fixes`, without which
+base-model requests batched with LoRA requests are wrong, and so is a tied output layer after a full-weight reload.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ import asyncio
 import importlib.util
 import itertools
 import threading
+import typing
 from collections import Counter, OrderedDict
 from concurrent.futures import Future
+from pathlib import Path
 
 from unstable.inference.base import (
     GenerationRequest,
@@ -43,6 +48,7 @@ if importlib.util.find_spec("vllm") is None:
     raise ImportError(VLLM_MISSING)
 
 from vllm import SamplingParams  # noqa: E402
+from vllm.config.lora import MaxLoRARanks  # noqa: E402
 from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
 from vllm.inputs import tokens_input  # noqa: E402
 from vllm.lora.request import LoRARequest  # noqa: E402
@@ -52,7 +58,9 @@ from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
 
 # "processed" log-probs are taken after temperature scaling (and top-p truncation): the sampling distribution.
 LOGPROBS_MODE = "processed_logprobs"
-CPU_LORA_FIX = "unstable.inference.vllm_cpu_lora_fix.SkipRowsWithoutLora"  # see that module
+CPU_FIXES = "unstable.inference.vllm_cpu_fixes.CPUWorkerFixes"  # see that module
+UNDECLARED_LORA_RANK = 64  # serves any adapter up to rank 64 when no rank is declared (the seed's lora_config unset)
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")  # what vLLM's default loader reads from a model directory
 
 
 class VLLMBackend(InferenceBackend):
@@ -68,19 +76,19 @@ class VLLMBackend(InferenceBackend):
         max_loras: int = 4,
         seed: int = 0,
         gpu_memory_utilization: float = 0.5,
-        max_lora_rank: int = 64,
+        lora_rank: int | None = None,
         enforce_eager: bool | None = None,
         **engine_kwargs,
     ):
-        """Start the engine. `enforce_eager` defaults to True on CPU; `engine_kwargs` go to `AsyncEngineArgs`
-        (and win over the settings made here)."""
+        """Start the engine, able to serve adapters up to `lora_rank` (None: 64). `enforce_eager` defaults to True
+        on CPU; `engine_kwargs` go to `AsyncEngineArgs` (and win over the settings made here)."""
         from transformers import AutoTokenizer
 
         self.sampling = sampling
         self.max_model_len = max_model_len
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.adapter_ids = AdapterIds(max_loras)
-        on_cpu = current_platform.is_cpu()
+        on_cpu = self._on_cpu = current_platform.is_cpu()
         args = AsyncEngineArgs(
             **{
                 "model": model_path,
@@ -90,14 +98,17 @@ class VLLMBackend(InferenceBackend):
                 "gpu_memory_utilization": gpu_memory_utilization,
                 "enable_lora": True,
                 "max_loras": max_loras,
-                "max_lora_rank": max_lora_rank,
+                "max_lora_rank": engine_lora_rank(lora_rank),
                 "enforce_eager": on_cpu if enforce_eager is None else enforce_eager,
                 "logprobs_mode": LOGPROBS_MODE,
-                "worker_extension_cls": CPU_LORA_FIX if on_cpu else "",
+                "worker_extension_cls": CPU_FIXES if on_cpu else "",
                 **engine_kwargs,
             }
         )
         self._request_ids = itertools.count()
+        self._running = 0  # requests being served (counted on the event loop, so without a lock)
+        self._weights_ready = asyncio.Event()  # cleared while `load_weights` runs: new requests wait
+        self._weights_ready.set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
         self._thread.start()
@@ -119,7 +130,7 @@ class VLLMBackend(InferenceBackend):
 
     def load_adapter(self, checkpoint: Checkpoint) -> None:
         """Give `checkpoint.uid` an id and load its adapter into the engine ahead of the first request."""
-        if checkpoint.path is not None:
+        if checkpoint.is_adapter:
             self._run(self._add_adapter(checkpoint))
 
     def unload_adapter(self, uid: str) -> None:
@@ -127,10 +138,14 @@ class VLLMBackend(InferenceBackend):
         self._run(self._remove_adapter(uid))
 
     def load_weights(self, path: str) -> None:
-        """Reload the base weights in place from a `save_pretrained` directory (full fine-tuning).
+        """Reload the base weights in place from a `save_pretrained` directory (full fine-tuning), while no
+        request runs, then reset the prefix cache so no prompt reuses keys and values of the old weights.
 
-        The prefix cache is reset so no prompt reuses keys and values computed with the old weights.
+        Raises RuntimeError when requests run or `path` holds no weights (the old weights stay), when vLLM's
+        reload fails (its engine core dies with it) and when the prefix cache does not reset.
         """
+        if not any(any(Path(path).glob(pattern)) for pattern in WEIGHT_FILES):
+            raise RuntimeError(f"full checkpoint {path!r} holds no weights ({', '.join(WEIGHT_FILES)})")
         self._run(self._reload_weights(path))
 
     def close(self) -> None:
@@ -165,6 +180,14 @@ class VLLMBackend(InferenceBackend):
         self.engine.shutdown()
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
+        await self._weights_ready.wait()
+        self._running += 1
+        try:
+            return await self._complete(request)
+        finally:
+            self._running -= 1
+
+    async def _complete(self, request: GenerationRequest) -> GenerationResult:
         prompt_ids = self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"]  # on the loop: one thread
         if not prompt_fits(prompt_ids, self.max_model_len, self.sampling):
             return prompt_too_long(prompt_ids)
@@ -182,8 +205,9 @@ class VLLMBackend(InferenceBackend):
         return decoded_result(self.tokenizer, prompt_ids, tokens, logprobs, completion.finish_reason, self.sampling)
 
     async def _lora_request(self, checkpoint: Checkpoint | None) -> LoRARequest | None:
-        """The held `LoRARequest` naming `checkpoint` (None for the base model)."""
-        if checkpoint is None or checkpoint.path is None:
+        """The held `LoRARequest` naming `checkpoint` (None when it runs on the base weights: the base model, or a
+        full checkpoint, which `load_weights` put there)."""
+        if checkpoint is None or not checkpoint.is_adapter:
             return None
         async with self._lora_lock:  # an id being reused is cleared from the engine before anyone uses it
             lora_id, reused = self.adapter_ids.acquire(checkpoint.uid)
@@ -205,8 +229,39 @@ class VLLMBackend(InferenceBackend):
                 await self.engine.remove_lora(lora_id)
 
     async def _reload_weights(self, path: str) -> None:
-        await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
-        await self.engine.reset_prefix_cache()
+        if self._running:
+            raise RuntimeError(
+                f"load_weights({path!r}) while {self._running} requests run: they would finish on other weights "
+                "than they started on; wait for them first (the InferenceServer does)"
+            )
+        self._weights_ready.clear()  # no await since the check above: no request has started in between
+        try:
+            await self._reload_in_place(path)
+        finally:
+            self._weights_ready.set()
+
+    async def _reload_in_place(self, path: str) -> None:
+        try:
+            await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
+            if self._on_cpu:
+                await self.engine.collective_rpc("repack_tied_lm_head")
+        except Exception as exc:
+            raise RuntimeError(f"vLLM failed to reload the weights from {path!r}: {exc}") from exc
+        if not await self.engine.reset_prefix_cache():
+            raise RuntimeError(
+                f"vLLM did not reset its prefix cache after loading {path!r}: prompts would reuse keys and values "
+                "computed with the old weights"
+            )
+
+
+def engine_lora_rank(lora_rank: int | None) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that serves adapters of rank `lora_rank` (None: 64)."""
+    rank = UNDECLARED_LORA_RANK if lora_rank is None else lora_rank
+    allowed = sorted(typing.get_args(MaxLoRARanks))
+    fitting = [size for size in allowed if size >= rank]
+    if not fitting:
+        raise ValueError(f"LoRA rank {rank}: vLLM serves adapters up to rank {allowed[-1]}")
+    return fitting[0]
 
 
 class AdapterIds:

@@ -144,7 +144,8 @@ class CollectorActor(Collector):
     """The seed's `Collector(num_actors, step_buffer, model_pool, tracker, vllm_config, training_envs,
     evaluation_envs, evaluation_opponent)`: it starts `num_actors` inference servers itself.
 
-    The YAML path passes `model_path` and `inference` (an InferenceConfig) instead of `vllm_config`. Any other
+    The YAML path passes `model_path`, `inference` (an InferenceConfig) and `lora_rank` (the largest adapter rank
+    served, `RunConfig.served_lora_rank`) instead of `vllm_config` (whose `lora_config` holds the rank). Any other
     `CollectorConfig` field (max_turns, group_size, evaluation_opponents, ...) by keyword; envs as `(env_id,
     players, template)`; the seed's one `evaluation_opponent` is the list of that opponent. Finished games go to
     the buffer, the pool and the tracker without waiting for an answer; per game the collector waits only for its
@@ -166,18 +167,20 @@ class CollectorActor(Collector):
         dtype: str = "float32",
         seed: int = 0,
         resume_step: int = 0,
+        lora_rank: int | None = None,
         **settings,
     ):
         _log_with(tracker, "collector")
         if vllm_config is not None:
             model_path, inference = inference_from_vllm_config(vllm_config)
+            lora_rank = (vllm_config.get("lora_config") or {}).get("lora_rank")
         if model_path is None or inference is None:
             raise ValueError("Collector needs vllm_config (or model_path and inference)")
         if num_actors is not None:
             inference = inference.model_copy(update={"num_actors": num_actors})
         if evaluation_opponent is not None:
             settings["evaluation_opponents"] = [evaluation_opponent]
-        servers = _start_servers(model_path, inference, dtype, seed, resume_step)
+        servers = _start_servers(model_path, inference, dtype, seed, resume_step, lora_rank)
         client = InferenceClient([RemoteProxy(server) for server in servers])
         cfg = CollectorConfig(**settings)
         super().__init__(
@@ -225,10 +228,17 @@ def _mixed_seed(*parts: int) -> int:
     return int.from_bytes(digest, "little")
 
 
-def _start_servers(model_path: str, inference: InferenceConfig, dtype: str, seed: int, resume_step: int = 0) -> list:
-    """`inference.num_actors` started inference server actors, each sampling with its own seed, mixed from the run's
-    `seed`, its index and `resume_step` (0 for a fresh run): no two actors, nor two sessions of a resumed run, share
-    a stream. The seeds are logged."""
+def _start_servers(
+    model_path: str,
+    inference: InferenceConfig,
+    dtype: str,
+    seed: int,
+    resume_step: int = 0,
+    lora_rank: int | None = None,
+) -> list:
+    """`inference.num_actors` started inference server actors, serving adapters up to `lora_rank`, each sampling
+    with its own seed, mixed from the run's `seed`, its index and `resume_step` (0 for a fresh run): no two actors,
+    nor two sessions of a resumed run, share a stream. The seeds are logged."""
     from unstable.inference import make_backend
 
     needed, have = inference.num_gpus * inference.num_actors, ray.cluster_resources().get("GPU", 0.0)
@@ -237,7 +247,7 @@ def _start_servers(model_path: str, inference: InferenceConfig, dtype: str, seed
             f"{inference.num_actors} inference actors with {inference.num_gpus} GPU each need {needed} GPUs; "
             f"the Ray cluster has {have}"
         )
-    factory = functools.partial(make_backend, model_path, inference, dtype=dtype)
+    factory = functools.partial(make_backend, model_path, inference, dtype=dtype, lora_rank=lora_rank)
     seeds = [_mixed_seed(seed, index, resume_step) for index in range(inference.num_actors)]
     log.warning("inference actors sample with seeds %s (run seed %d, resume step %d)", seeds, seed, resume_step)
     servers = [

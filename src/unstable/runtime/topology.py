@@ -79,6 +79,7 @@ def build_topology(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> Topol
         dtype=cfg.model.dtype,
         seed=seed,
         resume_step=resume_step,
+        lora_rank=cfg.served_lora_rank,
         **cfg.collector.model_dump(),
     )
     learner = LearnerActor.options(name="Learner", num_gpus=cfg.learner.num_gpus).remote(
