@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from unstable.dashboard import render
+from unstable.dashboard import panels, render
 from unstable.dashboard.panels import sparkline
 from unstable.dashboard.system import Gauge, system_gauges
 from unstable.tracking import keys
@@ -50,6 +50,21 @@ def test_a_recorded_run_renders_every_panel_with_its_numbers():
     assert last[keys.POOL_LADDER][0]["agent"] in frame
     assert "tictactoe-minimax" in frame  # an eval opponent in the match heatmap
     assert "42%" in frame and "8.0 / 80.0 GiB" in frame  # the system gauges
+
+
+def test_the_ladder_panel_shows_games_and_dims_provisional_agents_without_odds():
+    ladder = [
+        {"agent": "ckpt-9", "mu": 28.0, "sigma": 0.8, "conservative": 25.6, "games": 1000, "win_probability": 0.5},
+        {"agent": "ckpt-4", "mu": 37.0, "sigma": 3.0, "conservative": 28.0, "games": 8, "provisional": True},
+    ]
+    console = Console(width=100, record=True, file=open(os.devnull, "w"))
+    console.print(panels.ladder([{keys.POOL_LADDER: ladder, keys.POOL_GAMES_RATED: 1008}]))
+    plain, styled = (console.export_text(clear=False, styles=styles).splitlines() for styles in (False, True))
+    ranked, provisional = (next(line for line in plain if agent in line).split()[1:] for agent in ("ckpt-9", "ckpt-4"))
+    assert ranked == ["ckpt-9", "28.0", "0.8", "25.6", "1000", "0.50", "│"]
+    assert provisional == ["ckpt-4", "37.0", "3.0", "28.0", "8", "-", "│"]  # no odds from 8 games
+    dimmed = {agent: "\x1b[2m" in next(line for line in styled if agent in line) for agent in ("ckpt-9", "ckpt-4")}
+    assert dimmed == {"ckpt-9": False, "ckpt-4": True}
 
 
 def test_the_follower_returns_only_complete_new_rows(tmp_path):

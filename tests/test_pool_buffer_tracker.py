@@ -7,7 +7,7 @@ import pytest
 
 import unstable.reward_transformations as retra
 from unstable.buffer import StepBuffer
-from unstable.pool import ModelPool, RatingSystem
+from unstable.pool import ModelPool, Rating, RatingSystem
 from unstable.pool.config import PoolConfig
 from unstable.records import GameRecord, Step
 from unstable.tracking import Tracker, TrackerConfig, keys, summarize_game, wilson_interval
@@ -69,7 +69,7 @@ def test_pool_mirror_fixed_and_ratings():
     assert pool.ratings.get("ckpt--1").mu > pool.ratings.get("random").mu
     new = pool.add_checkpoint(path="/tmp/x", iteration=0)
     assert pool.latest() == new and new.version == 0
-    assert pool.ratings.get(new.uid).mu == pytest.approx(pool.ratings.get(base.uid).mu)
+    assert pool.ratings.get(new.uid) == Rating()  # the prior: its rating will measure its own games
 
     fixed = ModelPool(PoolConfig(sample_mode="fixed", fixed_opponents=["random"]))
     fixed.add_checkpoint(None, -1)
@@ -81,14 +81,18 @@ def test_pool_mirror_fixed_and_ratings():
 
 
 def test_pool_metrics_hold_the_rating_ladder():
-    pool = ModelPool()
+    pool = ModelPool(PoolConfig(ladder_min_games=1))
     pool.add_checkpoint(path=None, iteration=-1)
     pool.record_game(_game({0: 1, 1: -1}, players={0: "ckpt--1", 1: "random"}))
+    pool.ratings.set("tictactoe-minimax", Rating(40.0, 1.0, games=0))  # the best score, but on no games
     metrics = pool.metrics()
     assert metrics[keys.POOL_GAMES_RATED] == 1 and metrics[keys.POOL_CHECKPOINTS] == 1
     assert metrics[keys.POOL_ACTIVE_CHECKPOINTS] == 1
     ladder = metrics[keys.POOL_LADDER]
-    assert [entry["agent"] for entry in ladder] == ["ckpt--1", "random"]  # the winner ranks first
+    assert [entry["agent"] for entry in ladder] == ["ckpt--1", "random", "tictactoe-minimax"]  # ranked first
+    assert [entry["games"] for entry in ladder] == [1, 1, 0]
+    assert [entry["provisional"] for entry in ladder] == [False, False, True]
+    assert ladder[2]["win_probability"] is None and ladder[2]["match_quality"] is None  # no odds from no games
     assert ladder[0]["conservative"] == pytest.approx(ladder[0]["mu"] - 3 * ladder[0]["sigma"])
     assert metrics[keys.POOL_LATEST_MU] == ladder[0]["mu"]
     assert ladder[0]["win_probability"] == pytest.approx(0.5)  # the latest against itself

@@ -7,7 +7,7 @@ import pytest
 import trueskill
 
 from unstable.config import ConfigError, validate_config
-from unstable.pool import SAMPLE_MODES, ModelPool, Rating
+from unstable.pool import SAMPLE_MODES, ModelPool, Rating, RatingSystem
 from unstable.pool.config import PoolConfig
 from unstable.records import GameRecord
 from unstable.tracking import keys
@@ -63,7 +63,9 @@ def _ts_quality(a, b):
 EXPECTED = {
     "random": {a: 1 / 5 for a in ["ckpt-1", "ckpt-2", "ckpt-3", *FIXED]},
     "match-quality": _normalised({a: _ts_quality("ckpt-3", a) for a in CANDIDATES}),
-    "ts-dist": _normalised({a: math.exp(-abs(25.0 - RATINGS[a].mu) / BETA) for a in CANDIDATES}),
+    "ts-dist": _normalised(
+        {a: math.exp(-abs(25.0 - RATINGS[a].mu) / math.hypot(BETA, 2.0, RATINGS[a].sigma)) for a in CANDIDATES}
+    ),
     "exploration": _normalised({a: RATINGS[a].sigma ** 2 for a in CANDIDATES}),
     "fixed": {a: 1 / 2 for a in FIXED},
     "mirror": {"ckpt-3": 1.0},
@@ -122,15 +124,26 @@ def test_beta_reaches_the_trueskill_environment():
     assert ModelPool(PoolConfig(beta=2.5)).ratings._model.beta == 2.5
 
 
-def test_new_checkpoint_inherits_parent_mu_with_wider_sigma():
-    pool = ModelPool()
+def test_a_new_checkpoint_starts_from_the_prior_not_from_its_parents_rating():
+    pool = ModelPool(PoolConfig(sample_mode="fixed", fixed_opponents=["random"], rating_anchor="random"))
     parent = pool.add_checkpoint(None, -1)
-    pool.ratings.set(parent.uid, Rating(30.0, 2.0))
+    pool.ratings.set(parent.uid, Rating(34.0, 0.8))  # well measured: its children were pinned near it
     child = pool.add_checkpoint("/ckpt/0", 0)
-    assert pool.ratings.get(child.uid) == Rating(30.0, 4.0)
-    grandchild = pool.add_checkpoint("/ckpt/1", 1)  # widening never exceeds the prior's sigma
-    assert pool.ratings.get(grandchild.uid) == Rating(30.0, 8.0)
-    assert pool.ratings.get(pool.add_checkpoint("/ckpt/2", 2).uid).sigma == Rating().sigma
+    assert pool.ratings.get(child.uid) == Rating() == Rating(pool.ratings.get("random").mu, 25.0 / 3.0)
+
+
+@pytest.mark.parametrize("mode", ["match-quality", "ts-dist"])
+def test_weighted_modes_sample_broadly_for_a_fresh_checkpoint_and_closely_once_it_is_rated(mode):
+    pool = ModelPool(PoolConfig(sample_mode=mode, fixed_opponents=FIXED, rating_anchor="random", max_active_lora=2))
+    pool.add_checkpoint("/ckpt/0", 0)
+    pool.ratings.set("ckpt-0", Rating(31.0, 1.0))
+    pool.ratings.set("tictactoe-minimax", Rating(41.0, 1.0))
+    pool.add_checkpoint("/ckpt/1", 1)  # unrated: anywhere from random's level to minimax's is plausible
+    fresh = _empirical(pool)
+    assert min(fresh.values()) > 1 / 12, fresh  # a quarter of uniform at least: no candidate is ruled out
+    pool.ratings.set("ckpt-1", Rating(41.0, 1.0))  # now rated as strong as minimax
+    rated = _empirical(pool)
+    assert max(rated, key=rated.get) == "tictactoe-minimax" and rated.get("random", 0.0) < 0.05, rated
 
 
 def test_an_anchor_keeps_its_rating_and_the_others_are_measured_against_it():
@@ -140,11 +153,22 @@ def test_an_anchor_keeps_its_rating_and_the_others_are_measured_against_it():
         for game in range(10):
             rewards = {0: 1.0, 1: -1.0} if game % 3 else {0: -1.0, 1: 1.0}
             pool.record_game(_record({0: f"ckpt-{k}", 1: "random"}, rewards))
-    assert pool.ratings.get("random") == Rating(25.0, 1.0)
-    assert pool.ratings.get("ckpt-19").mu > 25.0
+    assert pool.ratings.get("random") == Rating(25.0, 1.0, games=200)  # every game counted, the rating held
+    assert pool.ratings.get("ckpt-19").mu > 25.0 and pool.ratings.get("ckpt-19").games == 10
     assert pool.ratings.win_probability("ckpt-19", "random") > 0.6
     with pytest.raises(ValueError, match="rating_anchor 'minimax' must be one of fixed_opponents"):
         PoolConfig(fixed_opponents=["random"], rating_anchor="minimax")
+
+
+def test_rated_games_survive_a_state_round_trip():
+    ratings = RatingSystem(anchors=frozenset({"random"}))
+    for score in (1.0, 0.0, -1.0):
+        ratings.rate({"ckpt-0": score, "random": 0.0})
+    restored = RatingSystem(anchors=frozenset({"random"}))
+    restored.load_state_dict(ratings.state_dict())
+    assert restored.ratings == ratings.ratings and restored.get("ckpt-0").games == restored.get("random").games == 3
+    restored.load_state_dict({"ckpt-0": [30.0, 2.0]})  # a state saved before games were counted
+    assert restored.get("ckpt-0") == Rating(30.0, 2.0, games=0)
 
 
 def _record(players, rewards, env_id="Game-v0"):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from unstable.report import data, write_report
+from unstable.report.write import summary_markdown
 from unstable.tracking import keys
 from unstable.tracking.history import read_rows
 
@@ -33,20 +34,24 @@ def test_plot_data_are_the_jsonl_values():
     assert curve["high"] == [row[keys.EVAL_WIN_HIGH] for row in with_eval]
 
     ratings = data.rating_history(rows)
-    assert ratings["latest"]["mu"] == [row[keys.POOL_LATEST_MU] for row in learner]
     games = [row[keys.POOL_MATCH_MATRIX].get("tictactoe-minimax", {}) for row in learner]
     games = [sum(cell["games"] for cell in cells.values()) for cells in games]
     played = [row for i, row in enumerate(learner) if games[i] and (i == 0 or games[i] != games[i - 1])]
     minimax = [next(e for e in row[keys.POOL_LADDER] if e["agent"] == "tictactoe-minimax") for row in played]
     assert ratings["tictactoe-minimax"]["sigma"] == [entry["sigma"] for entry in minimax]
     assert ratings["tictactoe-minimax"]["steps"] == [row[keys.STEP] for row in played]
-    assert not any(name.startswith("ckpt-1") for name in ratings)  # past checkpoints are not drawn
+    assert not any(name.startswith("ckpt-") for name in ratings)  # checkpoints: one point each, below
     reference = data.reference_opponent(rows)
     relative = data.rating_history(rows, relative_to=reference)
-    levels = [next(e["mu"] for e in row[keys.POOL_LADDER] if e["agent"] == reference) for row in learner]
-    assert relative["latest"]["mu"] == pytest.approx(
-        [row[keys.POOL_LATEST_MU] - lv for row, lv in zip(learner, levels)]
-    )
+    levels = [next(e["mu"] for e in row[keys.POOL_LADDER] if e["agent"] == reference) for row in played]
+    assert relative["tictactoe-minimax"]["mu"] == pytest.approx([e["mu"] - lv for e, lv in zip(minimax, levels)])
+    newest = [row for row in raw if keys.POOL_LADDER in row][-1][keys.POOL_LADDER]
+    level = next(e["mu"] for e in newest if e["agent"] == reference)
+    checkpoints = sorted((e for e in newest if e["agent"].startswith("ckpt-")), key=lambda e: int(e["agent"][5:]))
+    points = data.checkpoint_ratings(rows, relative_to=reference)
+    assert points["steps"] == [max(int(e["agent"][5:]), 0) for e in checkpoints] and points["steps"][0] == 0
+    assert points["mu"] == pytest.approx([e["mu"] - level for e in checkpoints])
+    assert points["sigma"] == [e["sigma"] for e in checkpoints]
 
     table = raw[-1][keys.POOL_MATCH_MATRIX]
     training = data.training_win_rate(rows, "tictactoe-minimax", window=5)
@@ -100,3 +105,13 @@ def test_a_run_without_learner_rows_has_nothing_to_report(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({keys.TIME: 1.0}) + "\n")
     with pytest.raises(ValueError, match="no learner rows"):
         write_report(tmp_path)
+
+
+def test_the_ladder_table_gives_games_and_marks_provisional_agents():
+    ladder = [
+        {"agent": "ckpt-9", "mu": 28.0, "sigma": 0.8, "conservative": 25.6, "games": 1000, "provisional": False},
+        {"agent": "ckpt-4", "mu": 37.0, "sigma": 3.0, "conservative": 28.0, "games": 8, "provisional": True},
+    ]
+    markdown = summary_markdown("run", [{keys.STEP: 9, keys.POOL_LADDER: ladder}], [])
+    assert "| ckpt-9 | 28.00 | 0.80 | 25.60 | 1000 |" in markdown
+    assert "| ckpt-4 (provisional) | 37.00 | 3.00 | 28.00 | 8 |" in markdown

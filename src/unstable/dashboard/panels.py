@@ -174,13 +174,20 @@ def buffer(rows: list[dict[str, Any]]) -> Panel:
 
 
 def ladder(rows: list[dict[str, Any]], limit: int = 10) -> Panel:
-    """The pool's rating ladder, best conservative score first, with each agent's odds against the latest."""
+    """The pool's rating ladder as the pool orders it (ranked agents by conservative score, then the provisional
+    ones, dimmed, with no odds), with each agent's rated games and odds against the latest checkpoint."""
     table = Table(expand=True, box=None)
-    for column in ("agent", "mu", "sigma", "mu-3σ", "P(beats latest)"):
+    for column in ("agent", "mu", "sigma", "mu-3σ", "games", "P(beats latest)"):
         table.add_column(column, justify="left" if column == "agent" else "right")
     for entry in latest_value(rows, keys.POOL_LADDER, [])[:limit]:
         numbers = [f"{entry[name]:.1f}" for name in ("mu", "sigma", "conservative")]
-        table.add_row(entry["agent"], *numbers, _fmt(entry.get("win_probability"), ".2f"))
+        table.add_row(
+            entry["agent"],
+            *numbers,
+            _fmt(entry.get("games"), "d"),
+            _fmt(entry.get("win_probability"), ".2f"),
+            style="dim" if entry.get("provisional") else None,
+        )
     return Panel(table, title=f"rating ladder ({latest_value(rows, keys.POOL_GAMES_RATED, 0)} games rated)")
 
 

@@ -24,8 +24,15 @@ class PoolConfig(Settings):
     rating_anchor: str | None = Field(
         None,
         description="a fixed opponent whose rating is never updated: the others are measured against a fixed "
-        "reference. Without one the common level drifts (new checkpoints start from their parent's rating and "
-        "take points from opponents that never change), so ratings of different times do not compare",
+        "reference (every new checkpoint starts from the prior, at the anchor's mu). Without one the common level "
+        "drifts (checkpoints take points from opponents that never change), so ratings of different times do not "
+        "compare",
+    )
+    ladder_min_games: int = Field(
+        30,
+        ge=0,
+        description="rated games an agent needs to be ranked on the ladder; one with fewer is listed after the "
+        "ranked ones as provisional, without odds against the latest checkpoint (an anchor is always ranked)",
     )
 
     @field_validator("sample_mode")

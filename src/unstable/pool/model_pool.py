@@ -11,7 +11,7 @@ from typing import Any
 
 from unstable.agents.seating import parse_opponent
 from unstable.pool.config import PoolConfig
-from unstable.pool.ratings import DEFAULT_SIGMA, MatchMatrix, Rating, RatingSystem
+from unstable.pool.ratings import MatchMatrix, Rating, RatingSystem
 from unstable.pool.sampling import SAMPLE_MODES
 from unstable.records import Checkpoint, GameRecord, Opponent
 from unstable.tracking import keys
@@ -35,12 +35,11 @@ class ModelPool:
         self._rng = random.Random(seed)
 
     def add_checkpoint(self, path: str | None, iteration: int, kind: str = "lora") -> Checkpoint:
-        """Register a new learner checkpoint (path None = base model); it inherits its parent's mu with sigma
-        doubled (capped at the prior's sigma), so a few games re-place it on the ladder."""
+        """Register a new learner checkpoint (path None = base model). It starts from the rating prior, as a new
+        player does (the anchor's mu, sigma 25/3), not from its parent's rating: its rating then measures its own
+        games, and its games count says how many. (An inherited rating carried the lineage's results and a sigma
+        that claimed them as the checkpoint's own, so short-lived checkpoints outranked well-measured ones.)"""
         checkpoint = Checkpoint(uid=f"ckpt-{iteration}", path=path, version=iteration, kind=kind)
-        if self.checkpoints:
-            parent = self.ratings.get(self.checkpoints[-1].uid)
-            self.ratings.set(checkpoint.uid, Rating(parent.mu, min(2 * parent.sigma, DEFAULT_SIGMA)))
         self.checkpoints.append(checkpoint)
         return checkpoint
 
@@ -115,20 +114,34 @@ class ModelPool:
             keys.POOL_MATCH_MATRIX: self.matches.table(),
         }
 
+    def _ranked(self, agent: str) -> bool:
+        """True for an anchor and for an agent rated on at least `cfg.ladder_min_games` games; the others are
+        provisional: a rating from a few games is mostly the prior and luck (the best of many such ratings is
+        luck above all)."""
+        return agent in self.ratings.anchors or self.ratings.get(agent).games >= self.cfg.ladder_min_games
+
     def _ladder(self, latest: str | None) -> list[dict[str, Any]]:
-        """Every rated agent, best conservative score first, with its odds against the latest checkpoint."""
-        ladder = sorted(self.ratings.ratings.items(), key=lambda item: -item[1].conservative)
-        return [
-            {
-                "agent": agent,
-                "mu": r.mu,
-                "sigma": r.sigma,
-                "conservative": r.conservative,
-                "win_probability": self.ratings.win_probability(agent, latest) if latest else None,
-                "match_quality": self.ratings.match_quality(agent, latest) if latest else None,
-            }
-            for agent, r in ladder
-        ]
+        """Every rated agent: the ranked ones by conservative score (mu - 3 sigma), then the provisional ones the
+        same way; odds and match quality against the latest checkpoint only where both are ranked (else None)."""
+        order = sorted(self.ratings.ratings, key=lambda a: (not self._ranked(a), -self.ratings.get(a).conservative))
+        latest_ranked = latest is not None and self._ranked(latest)
+        ladder = []
+        for agent in order:
+            r = self.ratings.get(agent)
+            against_latest = latest_ranked and self._ranked(agent)
+            ladder.append(
+                {
+                    "agent": agent,
+                    "mu": r.mu,
+                    "sigma": r.sigma,
+                    "conservative": r.conservative,
+                    "games": r.games,
+                    "provisional": not self._ranked(agent),
+                    "win_probability": self.ratings.win_probability(agent, latest) if against_latest else None,
+                    "match_quality": self.ratings.match_quality(agent, latest) if against_latest else None,
+                }
+            )
+        return ladder
 
 
 def _agent_scores(record: GameRecord) -> dict[str, float]:

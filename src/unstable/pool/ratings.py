@@ -18,10 +18,11 @@ ANCHOR_SIGMA = 1.0  # an anchor's skill is the scale's zero point, known rather 
 
 @dataclass(frozen=True)
 class Rating:
-    """A Gaussian skill estimate."""
+    """A Gaussian skill estimate and the number of rated games it rests on (the default: a new player's prior)."""
 
     mu: float = DEFAULT_MU
     sigma: float = DEFAULT_SIGMA
+    games: int = 0
 
     @property
     def conservative(self) -> float:
@@ -33,7 +34,8 @@ class RatingSystem:
     """Rates free-for-all results; `backend` is 'trueskill' (`trueskill.TrueSkill(beta=beta)`) or 'openskill'
     (Plackett-Luce with the same beta). `beta` is the performance noise: a skill gap of beta wins ~76%. Agents in
     `anchors` hold the rating (DEFAULT_MU, ANCHOR_SIGMA) whatever their results: the fixed reference the others are
-    measured against (a small sigma, so that a game against it is judged on the performance noise beta alone)."""
+    measured against (a small sigma, so that a game against it is judged on the performance noise beta alone); every
+    other agent starts from the prior (DEFAULT_MU, DEFAULT_SIGMA), so DEFAULT_MU is the anchor's level."""
 
     def __init__(self, backend: str = "trueskill", beta: float = 4.0, anchors: frozenset[str] = frozenset()):
         check_registered(backend, RATING_BACKENDS, "rating backend")
@@ -55,19 +57,20 @@ class RatingSystem:
         return self.ratings.get(agent_id, Rating())
 
     def set(self, agent_id: str, rating: Rating) -> None:
-        """Overwrite a rating (e.g. a new checkpoint inheriting its parent's)."""
+        """Overwrite a rating."""
         self.ratings[agent_id] = rating
 
     def state_dict(self) -> dict[str, list[float]]:
-        """Every rating as `{agent_id: [mu, sigma]}`."""
-        return {agent: [r.mu, r.sigma] for agent, r in self.ratings.items()}
+        """Every rating as `{agent_id: [mu, sigma, games]}`."""
+        return {agent: [r.mu, r.sigma, r.games] for agent, r in self.ratings.items()}
 
     def load_state_dict(self, state: dict[str, list[float]]) -> None:
-        """Restore what `state_dict` returned."""
-        self.ratings = {agent: Rating(mu, sigma) for agent, (mu, sigma) in state.items()}
+        """Restore what `state_dict` returned (a state saved before games were counted restores them as 0)."""
+        self.ratings = {agent: Rating(*values) for agent, values in state.items()}
 
     def rate(self, scores: dict[str, float]) -> None:
-        """Update every agent in one game from its final score (higher is better; equal scores draw)."""
+        """Update every agent in one game from its final score (higher is better; equal scores draw) and count the
+        game for each (an anchor's too, though its mu and sigma stay put)."""
         ids = list(scores)
         if len(ids) < 2:
             return
@@ -81,15 +84,21 @@ class RatingSystem:
             groups = [(self._model.create_rating(r.mu, r.sigma),) for r in current]
             new = self._model.rate(groups, ranks=ranks)
             updated = [Rating(g[0].mu, g[0].sigma) for g in new]
-        for agent_id, rating in zip(ids, updated):
-            if agent_id not in self.anchors:
-                self.ratings[agent_id] = rating
+        for agent_id, before, after in zip(ids, current, updated):
+            kept = before if agent_id in self.anchors else after
+            self.ratings[agent_id] = Rating(kept.mu, kept.sigma, before.games + 1)
 
     def win_probability(self, a: str, b: str) -> float:
         """P(a beats b) = Phi((mu_a - mu_b) / sqrt(2 beta^2 + sigma_a^2 + sigma_b^2))."""
         ra, rb = self.get(a), self.get(b)
         denom = math.sqrt(2 * self.beta**2 + ra.sigma**2 + rb.sigma**2)
         return 0.5 * (1.0 + math.erf((ra.mu - rb.mu) / (denom * math.sqrt(2.0))))
+
+    def skill_gap(self, a: str, b: str) -> float:
+        """|mu_a - mu_b| / sqrt(beta^2 + sigma_a^2 + sigma_b^2): the mu gap in units of the performance noise beta,
+        widened by both uncertainties (an unrated agent is close to everyone)."""
+        ra, rb = self.get(a), self.get(b)
+        return abs(ra.mu - rb.mu) / math.sqrt(self.beta**2 + ra.sigma**2 + rb.sigma**2)
 
     def match_quality(self, a: str, b: str) -> float:
         """TrueSkill's 1v1 draw-probability quality: sqrt(2 beta^2 / c^2) exp(-(mu_a - mu_b)^2 / 2c^2)."""

@@ -73,13 +73,9 @@ def _match_quality(pool: ModelPool) -> Distribution:
 
 
 def _ts_dist(pool: ModelPool) -> Distribution:
-    """Over the candidates, P proportional to exp(-|mu_latest - mu| / beta)."""
-
-    def closeness(latest: str, other: str) -> float:
-        gap = pool.ratings.get(latest).mu - pool.ratings.get(other).mu
-        return math.exp(-abs(gap) / pool.ratings.beta)
-
-    return _weighted_candidates(pool, closeness)
+    """Over the candidates, P proportional to exp(-|mu_latest - mu| / sqrt(beta^2 + sigma_latest^2 + sigma^2))
+    (`RatingSystem.skill_gap`): closest skill first, and nearly uniform while the latest is barely rated."""
+    return _weighted_candidates(pool, lambda latest, other: math.exp(-pool.ratings.skill_gap(latest, other)))
 
 
 def _exploration(pool: ModelPool) -> Distribution:

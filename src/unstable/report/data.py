@@ -42,30 +42,42 @@ def eval_curve(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
 
 
 def rating_history(rows: list[dict[str, Any]], relative_to: str | None = None) -> dict[str, dict[str, list[float]]]:
-    """For the latest checkpoint (as `latest`, at every learner step) and every agent that is not a later
-    checkpoint (fixed opponents, the base model `ckpt--1`; at the steps by which it had played more games): its
-    TrueSkill mu and sigma. With `relative_to` an agent (see `reference_opponent`), mu minus that agent's mu at the
-    same step: ratings only compare agents, and their common level drifts as new checkpoints join."""
+    """For every fixed opponent, at the learner steps by which it had played more games: its TrueSkill mu and sigma.
+    With `relative_to` an agent (see `reference_opponent`), mu minus that agent's mu at the same step: ratings only
+    compare agents, and without an anchor their common level drifts."""
     history: dict[str, dict[str, list[float]]] = {}
     played: dict[str, int] = {}
-
-    def add(name: str, step: int, mu: float, sigma: float) -> None:
-        line = history.setdefault(name, {"steps": [], "mu": [], "sigma": []})
-        line["steps"].append(step)
-        line["mu"].append(mu)
-        line["sigma"].append(sigma)
-
     for row in learner_rows(rows):
         ladder = {entry["agent"]: entry for entry in row.get(keys.POOL_LADDER, [])}
         level = ladder[relative_to]["mu"] if relative_to in ladder else 0.0
-        if keys.POOL_LATEST_MU in row:
-            add("latest", row[keys.STEP], row[keys.POOL_LATEST_MU] - level, row[keys.POOL_LATEST_SIGMA])
         games = games_by_agent(row.get(keys.POOL_MATCH_MATRIX, {}))
         for agent, entry in ladder.items():
-            if (agent_order(agent)[0] == 1 or agent == "ckpt--1") and games.get(agent, 0) != played.get(agent):
+            if agent_order(agent)[0] == 1 and games.get(agent, 0) != played.get(agent):
                 played[agent] = games.get(agent, 0)
-                add(agent, row[keys.STEP], entry["mu"] - level, entry["sigma"])
+                line = history.setdefault(agent, {"steps": [], "mu": [], "sigma": []})
+                line["steps"].append(row[keys.STEP])
+                line["mu"].append(entry["mu"] - level)
+                line["sigma"].append(entry["sigma"])
     return history
+
+
+def checkpoint_ratings(rows: list[dict[str, Any]], relative_to: str | None = None) -> dict[str, list[Any]]:
+    """Each learner checkpoint's rating in the newest ladder, which rests on that checkpoint's own games, at the step
+    that made it (the base model `ckpt--1` at 0): `{"steps", "mu", "sigma", "provisional"}`, oldest first, mu
+    relative to `relative_to` as in `rating_history`."""
+    ladder = latest_value(rows, keys.POOL_LADDER, [])
+    level = next((entry["mu"] for entry in ladder if entry["agent"] == relative_to), 0.0)
+
+    def step(entry: dict[str, Any]) -> int:
+        return max(-agent_order(entry["agent"])[1], 0)
+
+    checkpoints = sorted((e for e in ladder if agent_order(e["agent"])[0] == 0), key=step)
+    return {
+        "steps": [step(e) for e in checkpoints],
+        "mu": [e["mu"] - level for e in checkpoints],
+        "sigma": [e["sigma"] for e in checkpoints],
+        "provisional": [bool(e.get("provisional")) for e in checkpoints],
+    }
 
 
 def reference_opponent(rows: list[dict[str, Any]]) -> str | None:

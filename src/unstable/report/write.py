@@ -61,22 +61,35 @@ def plot_eval(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def plot_ratings(rows: list[dict[str, Any]], path: Path) -> None:
-    """TrueSkill mu (band: +-1 sigma) of the latest checkpoint and of each fixed opponent over learner steps,
-    relative to the busiest fixed opponent when there is one (the ratings' common level drifts)."""
+    """TrueSkill mu (+-1 sigma) of each fixed opponent over learner steps, and of each checkpoint on its own games
+    (the newest ladder, at the step that made it; provisional ones faint), relative to the busiest fixed opponent
+    when there is one."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     reference = data.reference_opponent(rows)
     for agent, line in data.rating_history(rows, relative_to=reference).items():
         low = [m - s for m, s in zip(line["mu"], line["sigma"])]
         high = [m + s for m, s in zip(line["mu"], line["sigma"])]
-        label = "latest checkpoint" if agent == "latest" else "base model (ckpt--1)" if agent == "ckpt--1" else agent
         marker = "o" if len(line["steps"]) < 3 else None  # an agent that played at few steps only
-        width = 2.5 if agent == "latest" else 1.5
-        (drawn,) = ax.plot(line["steps"], line["mu"], label=label, linewidth=width, marker=marker)
+        (drawn,) = ax.plot(line["steps"], line["mu"], label=agent, linewidth=1.5, marker=marker)
         ax.fill_between(line["steps"], low, high, alpha=0.12, color=drawn.get_color(), linewidth=0)
+    points = data.checkpoint_ratings(rows, relative_to=reference)
+    for provisional, label, alpha in ((False, "checkpoints", 1.0), (True, "checkpoints (provisional)", 0.3)):
+        chosen = [i for i, p in enumerate(points["provisional"]) if p == provisional]
+        if chosen:
+            ax.errorbar(
+                [points["steps"][i] for i in chosen],
+                [points["mu"][i] for i in chosen],
+                yerr=[points["sigma"][i] for i in chosen],
+                fmt="o",
+                markersize=3,
+                color="black",
+                alpha=alpha,
+                label=label,
+            )
     _step_axis(ax)
-    ylabel = f"rating mu - mu of {reference} (band: ±1 sigma)" if reference else "rating mu (band: ±1 sigma)"
-    ax.set(ylabel=ylabel, title="Ratings (each agent drawn at the steps it played)")
+    ylabel = f"rating mu - mu of {reference} (±1 sigma)" if reference else "rating mu (±1 sigma)"
+    ax.set(ylabel=ylabel, title="Ratings (fixed opponents at the steps they played; checkpoints on their own games)")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
     _save(fig, path)
@@ -209,9 +222,17 @@ def summary_markdown(run_name: str, rows: list[dict[str, Any]], images: list[str
             f"[{last[keys.EVAL_WIN_LOW]:.2f}, {last[keys.EVAL_WIN_HIGH]:.2f}] | {last[keys.EVAL_DRAW_RATE]:.2f} | "
             f"{last[keys.EVAL_LOSS_RATE]:.2f} |"
         )
-    lines += ["", "## Rating ladder (last row)", "", "| agent | mu | sigma | mu - 3 sigma |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "## Rating ladder (last row; provisional: too few rated games to be ranked)",
+        "",
+        "| agent | mu | sigma | mu - 3 sigma | games |",
+        "|---|---|---|---|---|",
+    ]
     for entry in latest_value(rows, keys.POOL_LADDER, [])[:10]:
-        lines.append(f"| {entry['agent']} | {entry['mu']:.2f} | {entry['sigma']:.2f} | {entry['conservative']:.2f} |")
+        agent = f"{entry['agent']} (provisional)" if entry.get("provisional") else entry["agent"]
+        numbers = f"{entry['mu']:.2f} | {entry['sigma']:.2f} | {entry['conservative']:.2f}"
+        lines.append(f"| {agent} | {numbers} | {entry.get('games', 'n/a')} |")
     lines += ["", "## Plots", ""] + [f"![{Path(image).stem}]({image})" for image in images]
     return "\n".join(lines) + "\n"
 

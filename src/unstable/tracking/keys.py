@@ -87,11 +87,12 @@ BUFFER_STEPS_DROPPED = "buffer/steps_dropped"
 # opponent pool
 POOL_GAMES_RATED = "pool/games_rated"
 POOL_CHECKPOINTS = "pool/checkpoints"
-POOL_LATEST_MU = "pool/latest_mu"
+POOL_LATEST_MU = "pool/latest_mu"  # the newest checkpoint's: the prior (25, 25/3) until it has played
 POOL_LATEST_SIGMA = "pool/latest_sigma"
 POOL_ACTIVE_CHECKPOINTS = "pool/active_checkpoints"  # the newest max_active_lora checkpoints, sampled as opponents
-# [{"agent", "mu", "sigma", "conservative", "win_probability", "match_quality"}], best conservative score first;
-# win_probability and match_quality are against the latest checkpoint
+# [{"agent", "mu", "sigma", "conservative", "games", "provisional", "win_probability", "match_quality"}]: agents with
+# pool.ladder_min_games rated games (or an anchor) by conservative score (mu - 3 sigma), then the provisional rest;
+# win_probability and match_quality are against the latest checkpoint, None unless both are ranked
 POOL_LADDER = "pool/ladder"
 POOL_MATCH_MATRIX = "pool/match_matrix"  # {agent: {opponent: {"games", "wins", "draws", "losses", "win_rate"}}}
 
