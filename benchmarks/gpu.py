@@ -320,7 +320,7 @@ def learner_part(cfg, model_dir: Path, sizes: Sizes, peak_tflops: float, lora: b
     from unstable.tracking import keys
 
     learner_cfg = cfg.learner if lora else cfg.learner.model_copy(update={"lora": None})
-    policy = PolicyModel(str(model_dir), learner_cfg, dtype=cfg.model.dtype, temperature=cfg.inference.temperature)
+    policy = PolicyModel(str(model_dir), learner_cfg, dtype=cfg.model.dtype)
     learner = Learner(policy, learner_cfg.algorithm.build(), learner_cfg)
     learner.initialize()
     shape = model_shape(model_dir)

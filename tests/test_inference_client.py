@@ -169,3 +169,35 @@ def test_a_stale_games_decision_records_the_weights_that_served_it():
     server.generate(GenerationRequest("a", FULL_1))  # the newest game loads ckpt-1
     decision = PolicyAgent(server, BASE, get_template("qwen3-zs")).act("Current Board: 0 | 1 | 2")
     assert decision.checkpoint == FULL_1  # so its Step's policy_version (and staleness) is ckpt-1's
+
+
+class _GenerateOnlyBackend:
+    """A backend with only `generate`: the server batches its requests with its own thread."""
+
+    def generate(self, requests):
+        return [RESULT for _ in requests]
+
+
+class _ClockPastEachDeadline:
+    """`time` for the server module whose clock runs 3 ms a reading: 5 ms after a first request, one reading still
+    finds time left to wait for company and the next one finds none."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        self.now += 0.003
+        return self.now
+
+
+def test_the_batching_thread_survives_a_wait_for_company_whose_time_runs_out_between_two_clock_readings(
+    monkeypatch,
+):
+    monkeypatch.setattr("unstable.inference.server.time", _ClockPastEachDeadline())
+    server = InferenceServer(_GenerateOnlyBackend)  # waits batch_wait_ms (5 ms) for company after a first request
+    server.start()
+    try:
+        assert server.submit(GenerationRequest("a")).result(timeout=10) == RESULT
+        assert server.submit(GenerationRequest("b")).result(timeout=10) == RESULT
+    finally:
+        server.stop()

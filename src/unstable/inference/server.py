@@ -200,8 +200,8 @@ class InferenceServer:
                 if block and deadline is None:
                     item = self._queue.get()
                     deadline = time.perf_counter() + (self.batch_wait_s if self._expect_company else 0.0)
-                elif block and deadline > time.perf_counter():
-                    item = self._queue.get(timeout=deadline - time.perf_counter())
+                elif block and (left := deadline - time.perf_counter()) > 0:  # one reading: never a negative wait
+                    item = self._queue.get(timeout=left)
                 else:
                     item = self._queue.get_nowait()
             except queue.Empty:
