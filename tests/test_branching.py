@@ -27,7 +27,7 @@ from unstable.rewards import WinDrawLossFormatter
 from unstable.runtime import train
 from unstable.tracking import Tracker, keys
 
-from .test_config import EXAMPLE
+from .runs import EXAMPLE, tiny_run
 
 TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
 KUHN = EnvSpec("KuhnPoker-v0-train", 2, "qwen3-zs")  # three rounds: later deals draw on global `random`
@@ -136,25 +136,19 @@ def test_kuhn_branches_see_the_same_deals_while_other_games_run():
 @pytest.mark.slow
 def test_kuhn_groups_see_the_same_deals_through_unstable_train(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv(RECORDS_ENV, str(tmp_path))  # the collector writes every game's branches there
-    overrides = [
-        f"run.dir={tmp_path}",
-        "run.name=kuhn-groups",
-        f"model.path={tiny_model_dir}",
-        "model.build_tiny_if_missing=false",
+    overrides = tiny_run(
+        tmp_path,
+        tiny_model_dir,
+        "kuhn-groups",
         "collector.training_envs=[[KuhnPoker-v0-train, 2, qwen3-zs]]",
         "collector.group_size=4",
         "collector.num_workers=8",
-        "learner.num_steps=1",
         "learner.batch_size=8",
         "inference.max_new_tokens=8",
-        "evaluation.games_at_start=0",
-        "evaluation.games_at_end=0",
         "warm_start.games=16",  # enough supervised Kuhn moves that most games get past round 1
         "warm_start.epochs=2",
         "warm_start.learning_rate=3.0e-3",
-        "tracker.wandb=disabled",
-        "tracker.tensorboard=false",
-    ]
+    )
     train(load_config(EXAMPLE, overrides))
     games = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
     groups = [records for records in games if len(records) == 4]  # the games that branched

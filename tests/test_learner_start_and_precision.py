@@ -15,8 +15,8 @@ from unstable.runtime import resume, train
 from unstable.tracking import keys
 
 from . import test_algorithms
+from .runs import EXAMPLE, tiny_run
 from .test_algorithms import _bandit_batch, _step
-from .test_config import EXAMPLE
 
 bandit = test_algorithms.bandit  # the two-action text bandit's token ids (a fixture)
 LORA = LoraConfig(lora_rank=4, target_modules=["q_proj", "lm_head"])
@@ -121,28 +121,9 @@ def test_bf16_lora_keeps_the_frozen_base_in_bf16_and_the_adapter_in_float32(tiny
 # --- through `unstable train` ---------------------------------------------------------------------------------
 
 
-def _tiny_run(tmp_path, tiny_model_dir, name: str, *overrides: str) -> list[str]:
-    return [
-        f"run.dir={tmp_path}",
-        f"run.name={name}",
-        f"model.path={tiny_model_dir}",
-        "model.build_tiny_if_missing=false",
-        "learner.num_steps=1",
-        "learner.batch_size=4",
-        "collector.num_workers=2",
-        "collector.num_eval_workers=0",
-        "inference.max_new_tokens=4",
-        "evaluation.games_at_start=0",
-        "evaluation.games_at_end=0",
-        "tracker.wandb=disabled",
-        "tracker.tensorboard=false",
-        *overrides,
-    ]
-
-
 @pytest.mark.slow
 def test_a_lora_warm_start_with_a_kl_penalty_starts_at_zero_kl(tiny_model_dir, tmp_path):
-    overrides = _tiny_run(
+    overrides = tiny_run(
         tmp_path,
         tiny_model_dir,
         "lora-warm-start",
@@ -161,7 +142,7 @@ def test_a_lora_warm_start_with_a_kl_penalty_starts_at_zero_kl(tiny_model_dir, t
 
 @pytest.mark.slow
 def test_bf16_full_finetuning_through_the_loop_updates_float32_masters(tiny_model_dir, tmp_path):
-    overrides = _tiny_run(
+    overrides = tiny_run(
         tmp_path,
         tiny_model_dir,
         "bf16-full",

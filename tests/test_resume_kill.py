@@ -23,27 +23,20 @@ from unstable.runtime import resume
 from unstable.runtime.loop import LearnerLoop
 from unstable.tracking import Tracker, keys
 
-from .test_config import EXAMPLE
+from .runs import EXAMPLE, tiny_run
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def _overrides(tmp_path, model_dir) -> list[str]:
-    return [
-        f"run.dir={tmp_path}",
-        "run.name=killed",
-        f"model.path={model_dir}",
-        "model.build_tiny_if_missing=false",
+    return tiny_run(
+        tmp_path,
+        model_dir,
+        "killed",
         "learner.num_steps=4",
-        "learner.batch_size=4",
-        "collector.num_workers=2",
-        "collector.num_eval_workers=0",
-        "inference.max_new_tokens=4",
-        "evaluation.games_at_start=0",
-        "evaluation.games_at_end=0",
         "warm_start=null",  # the example warm-starts by SFT; a kill test needs only RL steps
         "learner.lora={lora_rank: 4, lora_alpha: 8}",  # adapter checkpoints, as the weight check reads them
-    ]
+    )
 
 
 def _start(args: list[str], pause_at: str | None, records_dir: Path) -> subprocess.Popen:

@@ -8,15 +8,14 @@ from unstable.config import load_config
 from unstable.runtime import train
 from unstable.tracking import keys, new_run_dir
 
-from .test_config import EXAMPLE
+from .runs import EXAMPLE, tiny_run
 
 
 def test_two_learner_steps_through_ray(tiny_model_dir, tmp_path):
-    overrides = [
-        f"run.dir={tmp_path}",
-        "run.name=ray-smoke",
-        f"model.path={tiny_model_dir}",
-        "model.build_tiny_if_missing=false",
+    overrides = tiny_run(
+        tmp_path,
+        tiny_model_dir,
+        "ray-smoke",
         "learner.num_steps=2",
         "learner.batch_size=8",
         "collector.num_workers=4",
@@ -24,10 +23,11 @@ def test_two_learner_steps_through_ray(tiny_model_dir, tmp_path):
         "inference.max_new_tokens=8",
         "evaluation.games_at_start=4",
         "evaluation.games_at_end=4",
+        "tracker.tensorboard=true",  # every sink the demo writes
         "warm_start.games=2",  # the example's warm start, tiny: a few supervised updates of every weight
         "warm_start.epochs=1",
         "inference.top_p=0.5",  # the learner scores each token under the nucleus it was sampled from
-    ]
+    )
     rows = []
     summary = train(load_config(EXAMPLE, overrides), on_row=rows.append)
     assert summary.learner_steps == 2 and summary.train_games >= 1

@@ -24,6 +24,7 @@ from unstable.rewards import WinDrawLossFormatter
 from unstable.runtime.loop import LearnerLoop
 from unstable.tracking import Tracker, keys
 
+from .runs import EXAMPLE, tiny_run
 from .test_model_loop import OneAtATime, assert_scored_as_sampled
 
 pytestmark = pytest.mark.vllm
@@ -342,18 +343,15 @@ def test_two_learner_steps_through_ray_with_vllm(tiny_model_dir, tmp_path):
     from unstable.config import load_config
     from unstable.runtime import train
 
-    from .test_config import EXAMPLE
-
-    overrides = [
-        f"run.dir={tmp_path}", "run.name=vllm-smoke", f"model.path={tiny_model_dir}",
-        "model.build_tiny_if_missing=false", "learner.num_steps=2", "learner.batch_size=8",
-        "collector.num_workers=4", "collector.num_eval_workers=0", "inference.max_new_tokens=8",
+    overrides = tiny_run(
+        tmp_path, tiny_model_dir, "vllm-smoke",
+        "learner.num_steps=2", "learner.batch_size=8", "collector.num_workers=4", "inference.max_new_tokens=8",
         "inference.backend=vllm", "inference.max_model_len=1024", "inference.num_actors=2",
         "evaluation.games_at_start=2", "evaluation.games_at_end=2",
         "run.num_cpus=4",  # each inference actor and the learner reserve one Ray CPU
         "warm_start=null", f"learner.lora={{lora_rank: {HIGH_RANK}, lora_alpha: 32}}",  # adapters, hot-swapped
         "inference.top_p=0.5",  # the learner scores each token under the nucleus it was sampled from
-    ]  # fmt: skip
+    )  # fmt: skip
     rows = []
     summary = train(load_config(EXAMPLE, overrides), on_row=rows.append)
     assert summary.learner_steps == 2 and summary.train_games >= 1
@@ -367,19 +365,16 @@ def test_full_finetuning_through_ray_with_vllm(tiny_model_dir, tmp_path, monkeyp
     from unstable.config import load_config
     from unstable.runtime import driver, train
 
-    from .test_config import EXAMPLE
-
     evaluated, table = [], driver.eval_table  # each evaluation's games: the driver process tabulates them
     monkeypatch.setattr(driver, "eval_table", lambda records: evaluated.append(records) or table(records))
-    overrides = [
-        f"run.dir={tmp_path}", "run.name=vllm-full", f"model.path={tiny_model_dir}",
-        "model.build_tiny_if_missing=false", "learner.num_steps=2", "learner.batch_size=8",
+    overrides = tiny_run(
+        tmp_path, tiny_model_dir, "vllm-full",
+        "learner.num_steps=2", "learner.batch_size=8",
         "learner.learning_rate=0.05", "learner.lr_schedule=constant", "buffer.sampling_reward_transforms=[]",
-        "collector.num_workers=4", "collector.num_eval_workers=0",
-        "inference.max_new_tokens=8", "inference.backend=vllm", "inference.max_model_len=1024",
-        "evaluation.games_at_start=2", "evaluation.games_at_end=2", "run.num_cpus=3",
+        "collector.num_workers=4", "inference.max_new_tokens=8", "inference.backend=vllm",
+        "inference.max_model_len=1024", "evaluation.games_at_start=2", "evaluation.games_at_end=2", "run.num_cpus=3",
         "warm_start=null",  # the example fine-tunes every weight (learner.lora: null), one checkpoint in play
-    ]  # fmt: skip
+    )  # fmt: skip
     rows = []
     summary = train(load_config(EXAMPLE, overrides), on_row=rows.append)
     assert summary.learner_steps == 2 and summary.train_games >= 1

@@ -1,0 +1,42 @@
+"""Small runs through `unstable train`'s YAML path: the demo config cut down to a few learner steps of the tiny model.
+
+The tests of the paths users take (engine x fine-tuning x dtype x inference actors x games with chance) each run
+`tiny_run(...)` plus the overrides that make their path:
+
+| path | test |
+|---|---|
+| transformers, full fine-tuning after a warm start, top_p 0.5 | `test_runtime_ray`: two learner steps |
+| transformers, two inference actors | `test_runtime_ray`: different samples for one prompt |
+| transformers, LoRA warm start, KL penalty | `test_learner_start_and_precision`: zero KL at the start |
+| transformers, bf16, full fine-tuning | `test_learner_start_and_precision`: float32 masters |
+| Kuhn Poker, branched groups, 8 game threads | `test_branching`: every branch of a group sees the same deals |
+| vLLM, LoRA of rank 96, two inference actors, top_p 0.5 | `test_vllm_backend`: two learner steps |
+| vLLM, full fine-tuning | `test_vllm_backend`: no failed game, the new weights serve |
+| killed and resumed twice | `test_resume_kill` |
+"""
+
+from pathlib import Path
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "tictactoe-tiny.yaml"
+
+
+def tiny_run(tmp_path: Path, model_dir: str, name: str, *overrides: str) -> list[str]:
+    """`--set` overrides of the demo config for a run `tmp_path/name` on the tiny model at `model_dir`: 1 learner
+    step of 4 samples from 2 games in flight, 4 new tokens, no evaluation, no TensorBoard or W&B. `overrides` come
+    last, so they win."""
+    return [
+        f"run.dir={tmp_path}",
+        f"run.name={name}",
+        f"model.path={model_dir}",
+        "model.build_tiny_if_missing=false",
+        "learner.num_steps=1",
+        "learner.batch_size=4",
+        "collector.num_workers=2",
+        "collector.num_eval_workers=0",
+        "inference.max_new_tokens=4",
+        "evaluation.games_at_start=0",
+        "evaluation.games_at_end=0",
+        "tracker.wandb=disabled",
+        "tracker.tensorboard=false",
+        *overrides,
+    ]
