@@ -292,3 +292,24 @@ def test_every_config_field_is_documented():
 
     for f in dataclasses.fields(TrainerConfig):
         assert f.metadata.get("doc"), f.name
+
+
+class _OpensAFile:
+    """A pickle payload: unpickling it calls `open(path, "w")`, as a malicious checkpoint could run anything."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (str(self.path), "w")
+
+
+def test_a_checkpoint_with_a_pickle_payload_is_refused_unrun(tmp_path):
+    cfg = config(tmp_path)
+    marker = tmp_path / "payload-ran"
+    checkpoint = cfg.run_dir / "checkpoints" / "step_00000001.pt"
+    checkpoint.parent.mkdir(parents=True)
+    torch.save({"agent": _OpensAFile(marker)}, checkpoint)
+    with pytest.raises(ValueError, match="step_00000001.pt"):
+        TorchTrainer(cfg, BanditAgent()).attempt_resume()
+    assert not marker.exists()

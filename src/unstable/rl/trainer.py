@@ -27,7 +27,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import random
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -411,11 +413,22 @@ class TorchTrainer:
         return written
 
     def attempt_resume(self) -> bool:
-        """Load the newest `checkpoints/step_<n>.pt` of the run directory, if any; returns whether it did."""
+        """Load the newest `checkpoints/step_<n>.pt` of the run directory, if any; returns whether it did.
+
+        Only tensors and plain values are unpickled (`weights_only`): a checkpoint holding any other object is
+        refused with a ValueError naming it, before that object's code can run."""
         checkpoints = sorted((self.cfg.run_dir / CHECKPOINT_DIR).glob("step_*.pt"))
         if not checkpoints:
             return False
-        self.load_state_dict(torch.load(checkpoints[-1], map_location=self.device, weights_only=False))
+        try:
+            state = torch.load(checkpoints[-1], map_location=self.device, weights_only=True)
+        except pickle.UnpicklingError as error:
+            found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+            what = f"it names {found.group(1)}" if found else "refused"
+            raise ValueError(
+                f"checkpoint {checkpoints[-1]} holds objects other than tensors and plain values ({what})"
+            ) from None
+        self.load_state_dict(state)
         return True
 
     def state_dict(self) -> dict[str, Any]:
