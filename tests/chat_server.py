@@ -9,12 +9,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-Reply = tuple[int, dict]  # (HTTP status, JSON body)
+Reply = tuple[int, dict] | tuple[int, dict, dict[str, str]]  # (HTTP status, JSON body[, extra headers])
 
 
 @dataclass
 class ChatServer:
-    """A chat-completions endpoint whose replies come from `behaviour(request_number, headers, body)`."""
+    """A chat-completions endpoint whose replies come from `behaviour(request_number, headers, body)`; every
+    request (a POST, or the GET a client may turn a redirected POST into) is recorded with its method."""
 
     url: str
     behaviour: Callable[[int, dict, dict], Reply] | None = None
@@ -22,18 +23,25 @@ class ChatServer:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    """Records each POST on the server's ChatServer and answers with its behaviour's (status, JSON body)."""
+    """Records each request on the server's ChatServer and answers with its behaviour's (status, JSON body)."""
 
     def do_POST(self) -> None:
+        self._answer(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+
+    def do_GET(self) -> None:
+        self._answer({})
+
+    def _answer(self, body: dict) -> None:
         chat: ChatServer = self.server.chat
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        chat.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
-        status, payload = chat.behaviour(len(chat.requests), dict(self.headers), body)
+        chat.requests.append({"method": self.command, "path": self.path, "headers": dict(self.headers), "body": body})
+        status, payload, *extra = chat.behaviour(len(chat.requests), dict(self.headers), body)
         data = json.dumps(payload).encode()
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            for name, value in (extra[0] if extra else {}).items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(data)
         except OSError:  # the client timed out and hung up
@@ -44,7 +52,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serve(behaviour: Callable[[int, dict, dict], tuple[int, dict]] | None = None) -> Iterator[ChatServer]:
+def serve(behaviour: Callable[[int, dict, dict], Reply] | None = None) -> Iterator[ChatServer]:
     """A ThreadingHTTPServer on a free port of 127.0.0.1, serving in a daemon thread until the block ends."""
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     httpd.chat = ChatServer(url=f"http://127.0.0.1:{httpd.server_address[1]}/v1", behaviour=behaviour)

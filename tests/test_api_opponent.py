@@ -117,6 +117,21 @@ def test_a_client_error_fails_at_once_and_no_key_sends_no_authorization(server, 
     assert len(server.requests) == 1 and "Authorization" not in server.requests[0]["headers"]
 
 
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_a_redirect_to_another_host_never_carries_the_key(server, settings, status):
+    with serve(lambda number, headers, body: (200, completion("\\boxed{[0]}"))) as elsewhere:  # another port
+        target = elsewhere.url + "/chat/completions"
+        server.behaviour = lambda number, headers, body: (status, {}, {"Location": target})
+        try:
+            APIAgent(MODEL, settings).act("Available Moves: '[0]', '[1]'")
+            error = ""
+        except APIOpponentError as refused:
+            error = str(refused)
+        assert server.requests[0]["headers"]["Authorization"] == f"Bearer {KEY}"
+        assert [request["headers"].get("Authorization") for request in elsewhere.requests] in ([], [None])
+        assert f"HTTP {status} redirect to {target}" in error and KEY not in error
+
+
 def test_the_key_appears_in_no_log_error_or_repr(server, settings, caplog):
     caplog.set_level(logging.DEBUG)
     agent = APIAgent(MODEL, settings)

@@ -2,6 +2,7 @@
 
 The key is never stored: `APISettings.api_key_env` names the environment variable that holds it, read when a
 request is sent, so neither settings nor agents can leak it through a repr, a log line or an error message.
+Redirects are not followed: the key goes to `base_url` and nowhere else (urllib would carry it to any host).
 """
 
 from __future__ import annotations
@@ -59,6 +60,18 @@ class APISettings(Settings):
         return cls()
 
 
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows no redirect, so the Authorization header never reaches a host other than `base_url`'s; the
+    redirect then surfaces as an HTTPError with its 3xx status."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl) -> None:
+        """No new request: the caller sees the redirect itself."""
+        return None
+
+
+_OPENER = urllib.request.build_opener(_RefuseRedirects)
+
+
 def _retryable(status: int) -> bool:
     """Rate limiting and server errors may pass; any other HTTP error will not."""
     return status == 429 or status >= 500
@@ -96,11 +109,16 @@ class APIAgent(Agent):
                 log.warning("API opponent %s: %s; retry %d/%d", self.model, last, attempt, self.settings.max_retries)
                 time.sleep(self.settings.backoff_s * 2 ** (attempt - 1))
             try:
-                with urllib.request.urlopen(request, timeout=self.settings.timeout_s) as response:
+                with _OPENER.open(request, timeout=self.settings.timeout_s) as response:
                     body = response.read()
             except urllib.error.HTTPError as error:
                 error.close()
                 last = f"HTTP {error.code}"
+                if 300 <= error.code < 400:
+                    location = error.headers.get("Location")
+                    raise self._error(
+                        f"{last} redirect to {location} not followed: the key goes only to base_url"
+                    ) from None
                 if not _retryable(error.code):
                     raise self._error(last) from None
                 continue
