@@ -1,6 +1,9 @@
 """Config loading: YAML and overrides validate, and every error names the field, the value and the rule."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,3 +102,75 @@ def test_the_lora_rank_served_is_the_largest_the_run_declares(tmp_path):
     assert load_config(EXAMPLE, with_opponent).served_lora_rank == 200
     start = ["learner.lora={lora_rank: 4}", f"learner.initial_lora_path={adapter('start', r=128)}"]
     assert load_config(EXAMPLE, start).served_lora_rank == 128
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("model: {path: m\ncollector: [\n", "is not valid YAML: line 2, column 10: expected ',' or '}', but got ':'"),
+        ("model:\n\tpath: m\n", "line 2, column 1: a tab; tabs are not allowed in YAML indentation"),
+        ("- model\n- collector\n", "holds a list, not a mapping of sections (run:, model:, collector:, ...)"),
+        ("hello\n", "holds a str, not a mapping of sections"),
+        ("", "is empty"),
+        ("# only a comment\n", "is empty"),
+        (b"\xff\xfe\x00model".decode("latin-1"), "is not UTF-8 text"),
+    ],
+)
+def test_a_config_file_that_is_no_yaml_mapping_is_one_line_naming_it(tmp_path, text, expected):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(text.encode("latin-1"))
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    message = str(error.value)
+    assert message.startswith(f"config file {path} ") and expected in message and "\n" not in message
+
+
+def test_a_config_path_that_is_a_directory_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=f"^config file {tmp_path} is a directory, not a YAML file$"):
+        load_config(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("learner.num_steps.x=1", "override 'learner.num_steps.x=1': learner.num_steps is 200, not a section"),
+        ("learner.num_steps=[1", "override 'learner.num_steps=[1': the value is not valid YAML"),
+    ],
+)
+def test_an_override_that_does_not_fit_is_one_line(override, expected):
+    with pytest.raises(ConfigError) as error:
+        load_config(EXAMPLE, [override])
+    assert str(error.value).startswith(expected) and "\n" not in str(error.value)
+
+
+CLI_CONFIG = """run: {{dir: {runs}, name: r}}
+model: {{path: org/model}}
+collector: {{training_envs: [[TicTacToe-v0-train, 2, qwen3-zs]]}}
+"""
+
+
+def _train_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python -m unstable.cli.main train ARGS` in `tmp_path`, as a user runs it."""
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    command = [sys.executable, "-m", "unstable.cli.main", "train", *args]
+    env = os.environ | {"PYTHONPATH": src}
+    return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(
+    ("case", "text", "args", "expected"),
+    [
+        ("a directory", None, ["adir"], "config file adir is a directory, not a YAML file"),
+        ("an unclosed bracket", "model: {path: m\ncollector: [\n", ["c.yaml"], "c.yaml is not valid YAML: line 2"),
+        ("a tab", "model:\n\tpath: m\n", ["c.yaml"], "tabs are not allowed in YAML indentation"),
+    ],
+)
+def test_unstable_train_refuses_bad_input_in_one_line_and_creates_nothing(tmp_path, case, text, args, expected):
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "c.yaml").write_text(text if text is not None else CLI_CONFIG.format(runs=tmp_path / "runs"))
+    before = sorted(tmp_path.rglob("*"))
+    done = _train_cli(tmp_path, *args)
+    assert done.returncode == 2, (case, done.stderr[-2000:])
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, (case, done.stderr)
+    assert expected in done.stderr and "Traceback" not in done.stderr and not done.stdout, (case, done.stderr)
+    assert sorted(tmp_path.rglob("*")) == before, case  # no run directory, nothing else either

@@ -77,6 +77,26 @@ def _corrupt_pointer(tmp_path: Path) -> None:
     resume_training(tmp_path)
 
 
+def _config_file(text: str):
+    """A check that loads a config.yaml holding `text`."""
+
+    def check(tmp_path: Path) -> None:
+        (tmp_path / "config.yaml").write_text(text)
+        load_config(tmp_path / "config.yaml")
+
+    return check
+
+
+def _config_path_is_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").mkdir()
+    load_config(tmp_path / "config.yaml")
+
+
+def _resume_with_broken_yaml(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("model: {path: m\n")
+    resume_training(tmp_path)
+
+
 CASES = [
     ("an unknown section", _with("learnr.num_steps=3"), "learnr"),
     ("an unknown field (a typo)", _with("learner.batch_sise=3"), "learner.batch_sise"),
@@ -124,6 +144,13 @@ CASES = [
     ("--resume with a corrupt latest.json", _corrupt_pointer, "latest.json"),
     ("an initial adapter for full fine-tuning", _full_finetuning_from_an_adapter, "initial_lora_path"),
     ("float16 autocast (no loss scaling)", _with("learner.autocast_dtype=float16"), "learner.autocast_dtype"),
+    ("a config path that is a directory", _config_path_is_a_directory, "config.yaml"),
+    ("malformed YAML (an unclosed bracket)", _config_file("model: {path: m\ncollector: [\n"), "line 2, column 10"),
+    ("a tab in the indentation", _config_file("model:\n\tpath: m\n"), "line 2, column 1"),
+    ("a top level that is a list", _config_file("- model\n- collector\n"), "config.yaml"),
+    ("an empty config file", _config_file(""), "config.yaml"),
+    ("--resume of a run whose config.yaml is broken", _resume_with_broken_yaml, "config.yaml"),
+    ("an override into a value, not a section", _with("learner.num_steps.x=1"), "learner.num_steps"),
 ]
 
 

@@ -120,12 +120,49 @@ class ConfigError(ValueError):
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """Read YAML, apply `key.path=value` overrides, validate. Raises ConfigError naming each bad field."""
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"config file {path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = _read_yaml(path)
     for override in overrides or []:
         _apply_override(data, override)
     return validate_config(data, source=str(path))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    """The mapping of sections in the YAML file `path`, or a one-line ConfigError naming the file and the fault."""
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory, not a YAML file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {_yaml_fault(exc)}") from None
+    if data is None:
+        raise ConfigError(f"config file {path} is empty")
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"config file {path} holds a {type(data).__name__}, not a mapping of sections (run:, model:, collector:, "
+            "...)"
+        )
+    return data
+
+
+def _yaml_fault(exc: yaml.YAMLError) -> str:
+    """Where a YAML parse failed (1-based line and column) and why, on one line."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None or problem is None:
+        return " ".join(str(exc).split())
+    where = f"line {mark.line + 1}, column {mark.column + 1}"
+    if "'\\t'" in problem:  # PyYAML's "found character '\t' that cannot start any token"
+        return f"{where}: a tab; tabs are not allowed in YAML indentation (indent with spaces)"
+    context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and context_mark is not None:
+        problem += f" ({context} at line {context_mark.line + 1}, column {context_mark.column + 1})"
+    return f"{where}: {problem}"
 
 
 def validate_config(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
@@ -146,11 +183,17 @@ def validate_config(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
 
 
 def _apply_override(data: dict[str, Any], override: str) -> None:
+    """Set `key.path` of `data` to the YAML `value` of `override`, making missing sections on the way."""
     if "=" not in override:
         raise ConfigError(f"override {override!r} is not of the form key.path=value")
     key, raw = override.split("=", 1)
     node = data
     parts = key.split(".")
-    for part in parts[:-1]:
+    for depth, part in enumerate(parts[:-1], 1):
         node = node.setdefault(part, {})
-    node[parts[-1]] = yaml.safe_load(raw)
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {override!r}: {'.'.join(parts[:depth])} is {node!r}, not a section")
+    try:
+        node[parts[-1]] = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {override!r}: the value is not valid YAML: {_yaml_fault(exc)}") from None
