@@ -149,6 +149,63 @@ collector: {{training_envs: [[TicTacToe-v0-train, 2, qwen3-zs]]}}
 """
 
 
+def _model_dir(root: Path, config_json: str | None = '{"model_type": "qwen3"}', tokenizer: bool = True) -> Path:
+    """A model directory holding `config_json` as config.json (None: none) and a tokenizer file if `tokenizer`."""
+    root.mkdir()
+    if config_json is not None:
+        (root / "config.json").write_text(config_json)
+    if tokenizer:
+        (root / "tokenizer.json").write_text("{}")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("config_json", "tokenizer", "build_tiny", "expected"),
+    [
+        ('{"model_type": ', True, False, "config.json is not valid JSON: line 1, column 16: Expecting value"),
+        ('{"model_type": ', True, True, "config.json is not valid JSON"),
+        ("[1, 2]", True, False, "config.json holds a list, not a JSON object"),
+        (None, True, False, "no config.json in the model directory"),
+        ('{"model_type": "qwen3"}', False, False, "no tokenizer in the model directory"),
+    ],
+)
+def test_a_model_directory_that_cannot_load_is_refused_at_validation(
+    tmp_path, config_json, tokenizer, build_tiny, expected
+):
+    model = _model_dir(tmp_path / "model", config_json, tokenizer)
+    with pytest.raises(ConfigError) as error:
+        validate_config(_minimal(model={"path": str(model), "build_tiny_if_missing": build_tiny}))
+    assert f"model.path = '{model}': " in str(error.value) and expected in str(error.value)
+
+
+def test_a_model_directory_that_loads_or_is_to_be_built_passes(tmp_path):
+    assert validate_config(_minimal(model={"path": str(_model_dir(tmp_path / "model"))}))
+    empty = _model_dir(tmp_path / "empty", None, tokenizer=False)
+    assert validate_config(_minimal(model={"path": str(empty), "build_tiny_if_missing": True}))
+
+
+def test_a_run_dir_that_cannot_be_made_is_refused_before_anything_is_created(tmp_path):
+    from unstable.runtime.driver import check_run_dir
+
+    (tmp_path / "a-file").write_text("x")
+    for where in (tmp_path / "a-file", tmp_path / "a-file" / "deeper"):
+        with pytest.raises(
+            ConfigError, match=f"^run.dir = '{where}': cannot make the run directory .*a-file is a file"
+        ):
+            check_run_dir(validate_config(_minimal(run={"dir": str(where), "name": "r"})))
+    check_run_dir(validate_config(_minimal(run={"dir": str(tmp_path / "new" / "runs")})))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a read-only directory")
+def test_a_run_dir_in_a_read_only_directory_is_refused(tmp_path):
+    from unstable.runtime.driver import check_run_dir
+
+    (tmp_path / "ro").mkdir(mode=0o500)
+    with pytest.raises(ConfigError, match="is not writable"):
+        check_run_dir(validate_config(_minimal(run={"dir": str(tmp_path / "ro" / "runs")})))
+
+
 def _train_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     """`python -m unstable.cli.main train ARGS` in `tmp_path`, as a user runs it."""
     src = str(Path(__file__).resolve().parents[1] / "src")
@@ -163,10 +220,14 @@ def _train_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
         ("a directory", None, ["adir"], "config file adir is a directory, not a YAML file"),
         ("an unclosed bracket", "model: {path: m\ncollector: [\n", ["c.yaml"], "c.yaml is not valid YAML: line 2"),
         ("a tab", "model:\n\tpath: m\n", ["c.yaml"], "tabs are not allowed in YAML indentation"),
+        ("a broken model", None, ["c.yaml", "--set", "model.path=model"], "config.json is not valid JSON"),
+        ("run.dir under a file", None, ["c.yaml", "--set", "run.dir=adir/f"], "adir/f is a file"),
     ],
 )
 def test_unstable_train_refuses_bad_input_in_one_line_and_creates_nothing(tmp_path, case, text, args, expected):
     (tmp_path / "adir").mkdir()
+    (tmp_path / "adir" / "f").write_text("a file")
+    _model_dir(tmp_path / "model", '{"model_type": ')
     (tmp_path / "c.yaml").write_text(text if text is not None else CLI_CONFIG.format(runs=tmp_path / "runs"))
     before = sorted(tmp_path.rglob("*"))
     done = _train_cli(tmp_path, *args)

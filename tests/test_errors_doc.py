@@ -9,7 +9,7 @@ import torch
 
 from unstable.config import ConfigError, load_config, validate_config
 from unstable.runtime import resume, resume_training
-from unstable.runtime.driver import check_resources, write_config
+from unstable.runtime.driver import check_resources, check_run_dir, write_config
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
 HEADER = """# Errors for bad input
@@ -97,6 +97,24 @@ def _resume_with_broken_yaml(tmp_path: Path) -> None:
     resume_training(tmp_path)
 
 
+def _broken_model_config(tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"model_type": ')
+    _with(f"model.path={tmp_path / 'model'}")(tmp_path)
+
+
+def _model_without_tokenizer(tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"model_type": "qwen3"}')
+    _with(f"model.path={tmp_path / 'model'}")(tmp_path)
+
+
+def _run_dir_under_a_file(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("x")
+    write_config(validate_config(_base()), tmp_path)
+    check_run_dir(load_config(tmp_path / "config.yaml", [f"run.dir={tmp_path / 'a-file' / 'runs'}"]))
+
+
 CASES = [
     ("an unknown section", _with("learnr.num_steps=3"), "learnr"),
     ("an unknown field (a typo)", _with("learner.batch_sise=3"), "learner.batch_sise"),
@@ -151,6 +169,9 @@ CASES = [
     ("an empty config file", _config_file(""), "config.yaml"),
     ("--resume of a run whose config.yaml is broken", _resume_with_broken_yaml, "config.yaml"),
     ("an override into a value, not a section", _with("learner.num_steps.x=1"), "learner.num_steps"),
+    ("a model whose config.json is broken", _broken_model_config, "model.path"),
+    ("a model directory without a tokenizer", _model_without_tokenizer, "model.path"),
+    ("a run.dir that cannot be made (under a file)", _run_dir_under_a_file, "run.dir"),
 ]
 
 

@@ -72,11 +72,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     continues a run from its last saved state."""
     from unstable.config import ConfigError, load_config
     from unstable.runtime import resume_training, train
+    from unstable.runtime.driver import check_run_dir
 
     if (args.config is None) == (args.resume is None):
         raise ConfigError("train needs a CONFIG file or --resume RUN_DIR (not both)")
     overrides = args.set + (["tracker.wandb=disabled"] if args.no_wandb else [])
     cfg = load_config(args.config or os.path.join(args.resume, "config.yaml"), overrides)
+    if not args.resume:
+        check_run_dir(cfg)  # before the tiny model is built: a run that cannot start does no work
     if cfg.model.build_tiny_if_missing:
         build_tiny_model_with_progress(cfg.model.path)
     total = cfg.learner.num_steps

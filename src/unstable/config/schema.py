@@ -8,6 +8,7 @@ what is allowed (unknown keys are errors too, so a typo cannot silently fall bac
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,6 +39,49 @@ class RunSection(Settings):
         return Path(self.dir) / self.name
 
 
+# Any one of these names a tokenizer transformers can load (tokenizer_config.json: its class says which files).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "tokenizer_config.json",
+)
+
+
+def check_model_path(value: str, build_tiny: bool = False) -> str:
+    """`value` if it can name a model: a hub id, or a directory whose config.json parses as a JSON object beside a
+    tokenizer file (a directory for the tiny model to be built in, with `build_tiny`). A path that can only be
+    local (it starts with '/', '.' or '~', or has more than one '/') must exist. Else a ValueError saying what
+    is wrong, found without loading anything, so a run is refused before it creates its directory."""
+    path = Path(value).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError("a file, not a model directory")
+    if not path.is_dir():
+        if not build_tiny and (value.startswith(("/", ".", "~")) or value.count("/") > 1):
+            raise ValueError("no such model directory (and not a hub id 'org/name')")
+        return value
+    config = path / "config.json"
+    if not config.is_file():
+        if build_tiny:
+            return value
+        raise ValueError("no config.json in the model directory")
+    try:
+        parsed = json.loads(config.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError("its config.json is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"its config.json is not valid JSON: line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        ) from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"its config.json holds a {type(parsed).__name__}, not a JSON object")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(f"no tokenizer in the model directory (none of {', '.join(TOKENIZER_FILES)})")
+    return value
+
+
 class ModelConfig(Settings):
     """The base model: a local directory or hub id; `build_tiny_if_missing` builds the tiny test model there."""
 
@@ -47,13 +91,8 @@ class ModelConfig(Settings):
 
     @field_validator("path")
     @classmethod
-    def _local_path_exists(cls, value: str, info: ValidationInfo) -> str:
-        """A path that can only be local (it starts with '/', '.' or '~', or has more than one '/') must exist,
-        unless the tiny model is to be built there; anything else may be a hub id such as 'Qwen/Qwen3-1.7B'."""
-        local = value.startswith(("/", ".", "~")) or value.count("/") > 1
-        if local and not info.data.get("build_tiny_if_missing") and not Path(value).expanduser().is_dir():
-            raise ValueError("no such model directory (and not a hub id 'org/name')")
-        return value
+    def _loadable(cls, value: str, info: ValidationInfo) -> str:
+        return check_model_path(value, build_tiny=bool(info.data.get("build_tiny_if_missing")))
 
 
 class EvaluationConfig(Settings):

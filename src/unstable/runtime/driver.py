@@ -122,6 +122,7 @@ def train(
     """The whole run: a fresh run directory with the config, the warm start if configured (`warm_start`), then
     the topology on Ray, `run`, and shutdown. After a warm start the run's `config.yaml` names its checkpoint as
     the starting point (and no warm start), so `--resume` continues from it."""
+    check_run_dir(cfg)
     check_resources(cfg)
     run_dir = new_run_dir(cfg.run.path)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -164,6 +165,21 @@ def write_config(cfg: RunConfig, run_dir: Path) -> None:
     tmp = run_dir / "config.yaml.tmp"
     tmp.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     os.replace(tmp, run_dir / "config.yaml")
+
+
+def check_run_dir(cfg: RunConfig) -> None:
+    """Fail before anything is created when the run directory `run.dir/run.name` cannot be made: its nearest
+    existing ancestor is a file, or a directory this process may not write into. Nothing is created to find out."""
+    existing = cfg.run.path.absolute()
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        problem = f"{existing} is a file"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        problem = f"{existing} is not writable"
+    else:
+        return
+    raise ConfigError(f"run.dir = {cfg.run.dir!r}: cannot make the run directory {cfg.run.path}: {problem}")
 
 
 def check_resources(cfg: RunConfig) -> None:
