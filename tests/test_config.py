@@ -44,6 +44,14 @@ def test_example_config_loads_with_overrides():
         ({"warm_start": {"agents": ["random", "grandmaster"]}}, "unknown scripted agent 'grandmaster'"),
         ({"warm_start": {"agents": ["random"]}}, "one scripted agent per seat of the first training env (2 players)"),
         ({"warm_start": {"games": 0}}, "warm_start.games = 0"),
+        ({"collector": {"num_workers": 100000000000}}, "collector.num_workers = 100000000000: Input should be less"),
+        ({"collector": {"num_eval_workers": 10**6}}, "collector.num_eval_workers = 1000000: Input should be less"),
+        ({"evaluation": {"games_at_start": 10**9}}, "evaluation.games_at_start = 1000000000: Input should be less"),
+        ({"evaluation": {"games_at_end": 10**9}}, "evaluation.games_at_end = 1000000000: Input should be less"),
+        ({"warm_start": {"games": 10**9}}, "warm_start.games = 1000000000: Input should be less"),
+        ({"inference": {"num_threads": 10**6}}, "inference.num_threads = 1000000: Input should be less"),
+        ({"learner": {"num_threads": 10**6}}, "learner.num_threads = 1000000: Input should be less"),
+        ({"inference": {"num_actors": 10**6}}, "inference.num_actors = 1000000: Input should be less"),
     ],
 )
 def test_bad_values_name_the_field(sections, expected):
@@ -222,6 +230,7 @@ def _train_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
         ("a tab", "model:\n\tpath: m\n", ["c.yaml"], "tabs are not allowed in YAML indentation"),
         ("a broken model", None, ["c.yaml", "--set", "model.path=model"], "config.json is not valid JSON"),
         ("run.dir under a file", None, ["c.yaml", "--set", "run.dir=adir/f"], "adir/f is a file"),
+        ("absurd games in flight", None, ["c.yaml", "--set", "collector.num_workers=100000000000"], "less than"),
     ],
 )
 def test_unstable_train_refuses_bad_input_in_one_line_and_creates_nothing(tmp_path, case, text, args, expected):

@@ -172,6 +172,9 @@ CASES = [
     ("a model whose config.json is broken", _broken_model_config, "model.path"),
     ("a model directory without a tokenizer", _model_without_tokenizer, "model.path"),
     ("a run.dir that cannot be made (under a file)", _run_dir_under_a_file, "run.dir"),
+    ("10^11 training games in flight", _with("collector.num_workers=100000000000"), "collector.num_workers"),
+    ("10^9 evaluation games", _with("evaluation.games_at_end=1000000000"), "evaluation.games_at_end"),
+    ("10^6 torch threads", _with("learner.num_threads=1000000"), "learner.num_threads"),
 ]
 
 

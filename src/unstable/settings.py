@@ -12,6 +12,10 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict
 
+# The most torch threads one process may ask for: no machine has more cores, and threads beyond the cores only
+# contend (a typo such as 1000000 would otherwise start a million OS threads).
+MAX_THREADS = 1024
+
 
 class Settings(BaseModel):
     """Strict settings: an unknown key is an error naming it, so a typo never falls back to a default."""

@@ -12,6 +12,11 @@ from unstable.games.episode import DEFAULT_MAX_TURNS
 from unstable.records import EnvSpec
 from unstable.settings import Settings
 
+# The most games one kind (training, evaluation) may keep in flight: each game is a thread of the collector's
+# process with its env, and the inference server batches only `max_batch_size` requests per pass, so beyond a few
+# thousand more games only add memory, threads and waiting (10**11 would exhaust the process's threads).
+MAX_GAMES_IN_FLIGHT = 4096
+
 
 class EnvSpecConfig(Settings):
     """One game: TextArena env id, player count, prompt template. YAML may also give `[id, players, template]`,
@@ -53,8 +58,12 @@ class EnvSpecConfig(Settings):
 class CollectorConfig(Settings):
     """How many games run at once, which games, and who the evaluation games are against."""
 
-    num_workers: int = Field(8, ge=1, description="training games in flight")
-    num_eval_workers: int = Field(0, ge=0, description="evaluation games in flight beside them")
+    num_workers: int = Field(
+        8, ge=1, le=MAX_GAMES_IN_FLIGHT, description="training games in flight (each a thread of the collector)"
+    )
+    num_eval_workers: int = Field(
+        0, ge=0, le=MAX_GAMES_IN_FLIGHT, description="evaluation games in flight beside them (each a thread)"
+    )
     max_turns: int = Field(DEFAULT_MAX_TURNS, ge=1, description="a game still running after this is a draw")
     training_envs: list[EnvSpecConfig] = Field(min_length=1)
     evaluation_envs: list[EnvSpecConfig] = Field([], description="empty: the training envs")

@@ -95,11 +95,16 @@ class ModelConfig(Settings):
         return check_model_path(value, build_tiny=bool(info.data.get("build_tiny_if_missing")))
 
 
+# Each evaluation queues all of its games at once and keeps every record until it ends: 100,000 games bound the
+# memory and the wait (a 95% Wilson interval is already +-0.003 wide there).
+MAX_EVAL_GAMES = 100_000
+
+
 class EvaluationConfig(Settings):
     """Blocking evaluation before and after training (learner vs the eval opponent, seats alternated)."""
 
-    games_at_start: int = Field(20, ge=0)
-    games_at_end: int = Field(20, ge=0)
+    games_at_start: int = Field(20, ge=0, le=MAX_EVAL_GAMES, description="eval games before the first update")
+    games_at_end: int = Field(20, ge=0, le=MAX_EVAL_GAMES, description="eval games after the last update")
 
 
 class RunConfig(Settings):

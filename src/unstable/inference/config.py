@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from unstable.inference.base import SamplingConfig
-from unstable.settings import Settings, check_registered
+from unstable.settings import MAX_THREADS, Settings, check_registered
 
 
 class InferenceConfig(Settings):
@@ -24,12 +24,20 @@ class InferenceConfig(Settings):
     prefix_cache_tokens: int = Field(
         8192, ge=0, description="prompt-prefix KV cache of the transformers engine, in tokens (0: off)"
     )
-    num_threads: int | None = Field(1, ge=1, description="torch threads of the inference process")
+    num_threads: int | None = Field(
+        1, ge=1, le=MAX_THREADS, description="torch threads of the inference process (None: torch's choice)"
+    )
     num_gpus: float = Field(0.0, ge=0.0, description="GPUs of each inference actor; > 0 serves on cuda")
     gpu_memory_utilization: float = Field(
         0.5, gt=0.0, le=1.0, description="share of its GPU's memory the engine may use (the learner gets the rest)"
     )
-    num_actors: int = Field(1, ge=1, description="inference server actors; the collector spreads requests over them")
+    num_actors: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="inference server actors; the collector spreads requests over them (at most 64: each holds its "
+        "own copy of the model)",
+    )
     max_restarts: int = Field(3, ge=0, description="times Ray restarts an inference actor whose process died")
 
     @field_validator("backend")

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from unstable.settings import Settings, check_registered
+from unstable.settings import MAX_THREADS, Settings, check_registered
 
 
 class LoraConfig(Settings):
@@ -71,7 +71,12 @@ class WarmStartConfig(Settings):
     `learner.lora: null`, every weight); RL then starts from the resulting checkpoint."""
 
     agents: list[str] = Field(["random", "random"], description="scripted agent per seat, rotated each game")
-    games: int = Field(800, ge=1, description="games whose valid moves become supervised steps")
+    games: int = Field(
+        800,
+        ge=1,
+        le=100_000,
+        description="games whose valid moves become supervised steps (at most 100,000: every move is held in memory)",
+    )
     epochs: int = Field(2, ge=1, description="shuffled passes over the moves")
     batch_size: int = Field(16, ge=1, description="moves per SFT update")
     learning_rate: float = Field(1e-3, gt=0.0)
@@ -121,7 +126,9 @@ class LearnerConfig(Settings):
         description="run the decoder on each micro-batch's real tokens packed into one row, no padding (position "
         "ids restart per sequence); pays with a varlen attention kernel (flash_attention_2 on GPU)",
     )
-    num_threads: int | None = Field(1, ge=1, description="torch threads of the learner process")
+    num_threads: int | None = Field(
+        1, ge=1, le=MAX_THREADS, description="torch threads of the learner process (None: torch's choice)"
+    )
     num_gpus: float = Field(0.0, ge=0.0, description="GPUs of the learner actor; > 0 puts the model on cuda")
     max_staleness: int | None = Field(
         None, ge=0, description="drop samples from policies more than this many updates old (None: keep all)"
