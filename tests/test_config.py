@@ -244,3 +244,34 @@ def test_unstable_train_refuses_bad_input_in_one_line_and_creates_nothing(tmp_pa
     assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, (case, done.stderr)
     assert expected in done.stderr and "Traceback" not in done.stderr and not done.stdout, (case, done.stderr)
     assert sorted(tmp_path.rglob("*")) == before, case  # no run directory, nothing else either
+
+
+def test_every_subcommand_refuses_a_missing_or_wrong_path_in_one_line(tmp_path, capsys):
+    from unstable.cli.main import main
+
+    (tmp_path / "a-file").write_text("x")
+    broken = _model_dir(tmp_path / "broken", '{"model_type": ')
+    model = _model_dir(tmp_path / "model")
+    run = Path(__file__).parent / "fixtures" / "recorded_run"
+    cases = [
+        (["build-tiny-model", f"{tmp_path}/a-file/tiny"], "a-file is a file"),
+        (["eval", "--model", f"{tmp_path}/no/such/model"], "no such model directory"),
+        (["eval", "--model", str(broken)], "config.json is not valid JSON"),
+        (["eval", "--model", str(model), "--adapter", f"{tmp_path}/no-adapter"], "no such adapter directory"),
+        (["eval", "--model", str(model), "--out", f"{tmp_path}/a-file/report.json"], "a-file is a file"),
+        (["eval", "--model", f"{tmp_path}/a-file/tiny", "--build-tiny"], "a-file is a file"),
+        (["eval", "--model", str(model), "--threads", "1000000"], "--threads 1000000: at least 1, at most 1024"),
+        (["sft", "--model", f"{tmp_path}/no/such/model"], "no such model directory"),
+        (["sft", "--model", str(broken)], "config.json is not valid JSON"),
+        (["sft", "--model", str(model), "--out-dir", f"{tmp_path}/a-file/sft"], "a-file is a file"),
+        (["dashboard", "--once", f"{tmp_path}/a-file"], "is not a directory"),
+        (["dashboard", "--once", f"{tmp_path}/no-run"], "does not exist"),
+        (["report", f"{tmp_path}/no-run"], "does not exist"),
+        (["report", str(run), "--out", f"{tmp_path}/a-file/report"], "a-file is a file"),
+        (["train", "--resume", f"{tmp_path}/a-file"], "does not exist"),
+    ]
+    for argv, expected in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and expected in err, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "broken", "model"]

@@ -123,8 +123,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_makeable(option: str, path: str) -> None:
+    """A ConfigError naming `option` and `path` when directory `path` could not be made (checked before any work)."""
+    from unstable.config import ConfigError
+    from unstable.tracking import cannot_make
+
+    problem = cannot_make(Path(path))
+    if problem:
+        raise ConfigError(f"{option} {path}: cannot make it: {problem}")
+
+
 def cmd_build_tiny_model(args: argparse.Namespace) -> int:
     """`unstable build-tiny-model DIR`: build the tiny local Qwen3 model and tokenizer."""
+    check_makeable("build-tiny-model", args.out_dir)
     print(build_tiny_model_with_progress(args.out_dir))
     return 0
 
@@ -148,6 +159,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     """`unstable report RUN_DIR`: PNG plots and report.md of a run, from its metrics.jsonl."""
     from unstable.report import write_report
 
+    if args.out:
+        check_makeable("--out", args.out)
     try:
         path = write_report(args.run_dir, args.out)
     except (FileNotFoundError, ValueError) as exc:
@@ -213,8 +226,21 @@ def _add_model_and_env_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _model_and_spec(args: argparse.Namespace):
+    """The model path (the tiny model built there first with --build-tiny) and the game, after checking the model
+    path and --threads: a bad one is a ConfigError before any work."""
+    from unstable.config import ConfigError
+    from unstable.config.schema import check_model_path
     from unstable.records import EnvSpec
+    from unstable.settings import MAX_THREADS
 
+    try:
+        check_model_path(args.model, build_tiny=args.build_tiny)
+    except ValueError as exc:
+        raise ConfigError(f"--model {args.model}: {exc}") from None
+    if args.build_tiny:
+        check_makeable("--model", args.model)
+    if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
+        raise ConfigError(f"--threads {args.threads}: at least 1, at most {MAX_THREADS}")
     model = str(build_tiny_model_with_progress(args.model)) if args.build_tiny else args.model
     return model, EnvSpec(args.env, args.num_players, args.template)
 
@@ -231,6 +257,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from unstable.learner import LearnerConfig, LoraConfig
     from unstable.learner.sft import run_sft
 
+    check_makeable("--out-dir", args.out_dir)
     model, spec = _model_and_spec(args)
     tokenizer = AutoTokenizer.from_pretrained(model)
     steps = generate_sft_steps(spec, args.agents, args.games, tokenizer, seed=args.seed)
@@ -262,9 +289,14 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """`unstable eval`: play a checkpoint against opponents, print the W/D/L table and write it as JSON."""
+    from unstable.config import ConfigError
     from unstable.evaluation.evaluate import evaluate, format_report, write_report
     from unstable.inference import InferenceConfig
 
+    if args.adapter and not Path(args.adapter).is_dir():
+        raise ConfigError(f"--adapter {args.adapter}: no such adapter directory")
+    if args.out:
+        check_makeable("--out", str(Path(args.out).parent))
     model, spec = _model_and_spec(args)
     with progress("eval games", args.games * len(args.opponents)) as advance:
         report = evaluate(

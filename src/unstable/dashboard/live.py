@@ -61,7 +61,9 @@ def watch(run_dir: str | Path, interval_s: float = 2.0, once: bool = False, cons
     A run directory that exists but has no rows yet is waited for."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"run directory {run_dir} does not exist")
+        raise FileNotFoundError(
+            f"run directory {run_dir} {'is not a directory' if run_dir.exists() else 'does not exist'}"
+        )
     console = console or Console()
     if once:
         frame = render(run_dir, RowFollower(run_dir).poll(), system_gauges(), is_writing(run_dir))

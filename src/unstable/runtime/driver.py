@@ -20,7 +20,7 @@ from unstable.config import ConfigError, RunConfig, load_config
 from unstable.records import GameRecord
 from unstable.runtime import resume
 from unstable.runtime.topology import Topology, build_topology, init_ray, resolve_model_path
-from unstable.tracking import keys, new_run_dir, truncate_metrics, wdl_summary
+from unstable.tracking import cannot_make, keys, new_run_dir, truncate_metrics, wdl_summary
 
 
 @dataclass
@@ -168,18 +168,10 @@ def write_config(cfg: RunConfig, run_dir: Path) -> None:
 
 
 def check_run_dir(cfg: RunConfig) -> None:
-    """Fail before anything is created when the run directory `run.dir/run.name` cannot be made: its nearest
-    existing ancestor is a file, or a directory this process may not write into. Nothing is created to find out."""
-    existing = cfg.run.path.absolute()
-    while not existing.exists() and existing.parent != existing:
-        existing = existing.parent
-    if not existing.is_dir():
-        problem = f"{existing} is a file"
-    elif not os.access(existing, os.W_OK | os.X_OK):
-        problem = f"{existing} is not writable"
-    else:
-        return
-    raise ConfigError(f"run.dir = {cfg.run.dir!r}: cannot make the run directory {cfg.run.path}: {problem}")
+    """Fail before anything is created when the run directory `run.dir/run.name` cannot be made (`cannot_make`)."""
+    problem = cannot_make(cfg.run.path)
+    if problem:
+        raise ConfigError(f"run.dir = {cfg.run.dir!r}: cannot make the run directory {cfg.run.path}: {problem}")
 
 
 def check_resources(cfg: RunConfig) -> None:

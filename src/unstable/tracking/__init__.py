@@ -3,12 +3,13 @@ reading a run's rows back."""
 
 from unstable.tracking.config import TrackerConfig
 from unstable.tracking.stats import WDL, wdl_summary, wilson_interval
-from unstable.tracking.tracker import Tracker, new_run_dir, summarize_game, truncate_metrics
+from unstable.tracking.tracker import Tracker, cannot_make, new_run_dir, summarize_game, truncate_metrics
 
 __all__ = [
     "WDL",
     "Tracker",
     "TrackerConfig",
+    "cannot_make",
     "new_run_dir",
     "summarize_game",
     "truncate_metrics",

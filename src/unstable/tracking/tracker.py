@@ -52,6 +52,17 @@ def entropy_bits(items: Iterable[Any]) -> float:
     return -sum(n / total * math.log2(n / total) for n in counts.values()) if total else 0.0
 
 
+def cannot_make(path: Path) -> str | None:
+    """Why directory `path` could not be made (its nearest existing ancestor, or itself, is a file, or a directory
+    this process may not write into), or None when it can be. Nothing is created to find out."""
+    existing = Path(path).absolute()
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file"
+    return None if os.access(existing, os.W_OK | os.X_OK) else f"{existing} is not writable"
+
+
 def new_run_dir(path: Path) -> Path:
     """`path`, or when a run already wrote there, the first free `path-2`, `path-3`, ...: a new run never
     appends its metrics to an old run's or overwrites its checkpoints."""
