@@ -183,3 +183,56 @@ def _generate_once_back(server, timeout_s: float = 60.0):
         except ray.exceptions.ActorUnavailableError:
             assert time.time() < deadline, "the inference actor never came back"
             time.sleep(0.5)
+
+
+class _SwitchingBackend:
+    """Answers at once, in a process whose threads switch every microsecond (so the actor's racing calls are often
+    caught between two of their statements)."""
+
+    def __init__(self, seed=None):
+        import sys
+
+        sys.setswitchinterval(1e-6)
+
+    def generate(self, requests):
+        return [GenerationResult("\\boxed{[4]}", (1,), (2,), (-0.1,)) for _ in requests]
+
+
+def _generate_until_refused(client, errors: list) -> None:
+    """Ask `client` for completions until a call fails; keeps the failure."""
+    from unstable.records import GenerationRequest
+
+    while True:
+        try:
+            client.generate(GenerationRequest("Your move: "))
+        except Exception as exc:  # noqa: BLE001 - the refusal is what the test looks at
+            errors.append(exc)
+            return
+
+
+def test_every_game_asking_an_inference_actor_that_stops_gets_an_answer_or_an_error():
+    import ray
+
+    from unstable.inference import InferenceClient, InferenceConfig
+    from unstable.runtime.actors import InferenceServerActor
+    from unstable.runtime.remote import RemoteProxy
+
+    ray.init(num_cpus=1, include_dashboard=False, ignore_reinit_error=True)
+    try:
+        for _ in range(5):
+            server = InferenceServerActor.remote(_SwitchingBackend, InferenceConfig(batch_wait_ms=0))
+            ray.get(server.start.remote())
+            client = InferenceClient([RemoteProxy(server)])
+            errors: list[Exception] = []
+            games = [threading.Thread(target=_generate_until_refused, args=(client, errors)) for _ in range(16)]
+            for game in games:
+                game.start()
+            time.sleep(0.2)
+            ray.get(server.stop.remote(), timeout=60)
+            for game in games:
+                game.join(timeout=30)
+            assert not any(game.is_alive() for game in games), "a request to the stopped server never resolved"
+            assert len(errors) == len(games) and all("inference server stopped" in str(e) for e in errors)
+            ray.kill(server)
+    finally:
+        ray.shutdown()
