@@ -24,7 +24,7 @@ from unstable.pool import ModelPool
 from unstable.pool.config import PoolConfig
 from unstable.records import EnvSpec, GenerationResult
 from unstable.rewards import WinDrawLossFormatter
-from unstable.runtime.loop import LearnerLoop
+from unstable.runtime.loop import LearnerLoop, RunStopped
 from unstable.tracking import Tracker, keys
 from unstable.tracking.history import read_rows
 
@@ -119,6 +119,46 @@ def test_faulty_games_are_counted_by_cause_and_learning_goes_on(tiny_model_dir, 
     assert [r[keys.STEP] for r in rows] == [1, 2] and pool.latest().uid == "ckpt-2"
     summaries = [r for r in read_rows(tmp_path) if r[keys.TRAIN_GAMES]]
     assert any(r[keys.FORMAT_OK_RATE] < 1.0 for r in summaries)  # garbage replies are counted as bad format
+
+
+class _EngineThatCannotGenerate:
+    """Every generation fails, as a learner whose weights the engine cannot load or run."""
+
+    def generate(self, request):
+        raise RuntimeError("the engine cannot generate")
+
+
+def test_when_every_training_game_fails_the_learner_stops_with_the_cause_instead_of_waiting(tiny_model_dir, tmp_path):
+    pool = ModelPool(PoolConfig(sample_mode="random", fixed_opponents=["random"]))
+    pool.add_checkpoint(path=None, iteration=-1)
+    buffer = StepBuffer(256, final_reward_transformation=WinDrawLossFormatter())
+    tracker = Tracker(tmp_path)
+    cfg = CollectorConfig(training_envs=[SPEC], max_failed_games_in_a_row=20)
+    collector = Collector(_EngineThatCannotGenerate(), pool, buffer, tracker, cfg)
+    counts = {}
+    collecting = threading.Thread(target=lambda: counts.update(collector.collect(4)), daemon=True)
+    collecting.start()
+    loop = LearnerLoop(_learner(tiny_model_dir, Reinforce(), batch_size=8), buffer, pool, tracker, str(tmp_path))
+    stopped = []
+
+    def train():
+        try:
+            loop.train(1)
+        except RunStopped as exc:
+            stopped.append(exc.reason)
+
+    learning = threading.Thread(target=train, daemon=True)
+    learning.start()
+    learning.join(timeout=120)
+    collector.stop()
+    collecting.join(timeout=60)
+    assert not learning.is_alive(), "the learner still waits for a batch that cannot come"
+    assert stopped == [
+        "no training batch can come: collection stopped: the last 20 training games all failed "
+        "(collector.max_failed_games_in_a_row = 20), the last one with RuntimeError: the engine cannot generate"
+    ]
+    assert counts["train"] == counts["train_failed"] >= 20  # counted, and collection ended too
+    assert tracker.log({})[keys.TOTAL_FAILED_GAMES] >= 20
 
 
 def test_a_nan_loss_skips_its_step_and_too_many_in_a_row_stop_the_run(tiny_model_dir, bandit):  # noqa: F811
