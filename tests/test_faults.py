@@ -276,3 +276,53 @@ def test_every_game_asking_an_inference_actor_that_stops_gets_an_answer_or_an_er
             ray.kill(server)
     finally:
         ray.shutdown()
+
+
+def test_a_run_whose_learner_cannot_play_after_its_first_update_stops_with_the_cause_and_status_1(
+    tiny_model_dir, tmp_path
+):
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from unstable.inference.server import FAIL_LOADS_ENV
+
+    from .runs import EXAMPLE, tiny_run
+
+    overrides = tiny_run(
+        tmp_path,
+        tiny_model_dir,
+        "cannot-play",
+        "learner.num_steps=20",  # more than the games in flight at the first update can feed
+        "warm_start=null",
+        "collector.max_failed_games_in_a_row=8",
+        "evaluation.games_at_end=4",
+    )  # the example fine-tunes every weight: each update is a full checkpoint the engine loads
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = os.environ | {"PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", FAIL_LOADS_ENV: "1"}
+    command = [sys.executable, "-m", "unstable.cli.main", "train", str(EXAMPLE)]
+    command += [arg for o in overrides for arg in ("--set", o)]
+    run = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = (stream.decode() for stream in run.communicate(timeout=400))
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)  # the driver and every Ray process it started
+        run.wait()
+        raise AssertionError("the run never ended: its learner still waits for a batch") from None
+    cause = (
+        "no training batch can come: collection stopped: the last 8 training games all failed "
+        "(collector.max_failed_games_in_a_row = 8), the last one with RuntimeError: full checkpoint "
+    )
+    assert run.returncode == 1, out[-2000:] + err[-3000:]
+    assert err.splitlines()[-1].startswith(f"error: the run stopped: {cause}"), err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    failed = int(out.split("training games: ")[1].split("(")[1].split(" failed")[0])
+    assert failed >= 8, out
+    rows = [json.loads(line) for line in (tmp_path / "cannot-play" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r[keys.STEP] for r in rows if keys.STEP in r]
+    assert steps == list(range(len(steps))) and 2 <= len(steps) < 21  # a few updates on the older games, no more
+    assert rows[-1]["final"] and rows[-1][keys.RUN_STOPPED].startswith(cause)
+    assert rows[-1][keys.TOTAL_FAILED_GAMES] >= 8 and rows[-1][keys.FAILED_BY_CAUSE + "RuntimeError"] >= 8

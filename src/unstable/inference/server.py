@@ -15,12 +15,16 @@ Full fine-tuning, on either path: a request naming a full checkpoint newer than 
 no request runs (new arrivals wait too), then the backend loads it and it runs; so no row changes weights
 mid-completion. A request naming an older checkpoint (its game started before the update) runs on the loaded
 weights, and every result's `served_by` names the checkpoint that actually produced it.
+
+No request waits forever: a fault in the batching thread fails the requests it touched and the thread goes on; if
+the thread dies anyway, or the server stops, every pending and later request fails saying so.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -35,6 +39,10 @@ from unstable.records import Checkpoint, GenerationRequest, GenerationResult
 from unstable.tracking import keys
 
 log = logging.getLogger(__name__)
+
+# test hook: when set, every full-weight load fails (as vLLM's reload did under full fine-tuning), so a test of a
+# whole run can make every learner game after the first update fail
+FAIL_LOADS_ENV = "UNSTABLE_TEST_FAIL_WEIGHT_LOADS"
 
 
 class InferenceServer:
@@ -249,7 +257,7 @@ class InferenceServer:
                 try:
                     self._load_full_weights(ckpt)
                 except Exception as exc:  # noqa: BLE001 - the request naming it sees the error; the next retries
-                    log.exception("loading full checkpoint %s failed", ckpt.uid)
+                    log.error("loading full checkpoint %s failed: %r", ckpt.uid, exc)  # one line: it may recur
                     _, (_, future) = self._waiting.popleft()
                     future.set_exception(exc)
                     continue
@@ -289,6 +297,8 @@ class InferenceServer:
 
     def _load_full_weights(self, checkpoint: Checkpoint) -> None:
         """Full fine-tuning: load a newer full checkpoint into the base weights (no request is running)."""
+        if os.environ.get(FAIL_LOADS_ENV):
+            raise RuntimeError(f"full checkpoint {checkpoint.path} not loaded: {FAIL_LOADS_ENV} is set")
         self._backend.load_weights(checkpoint.path)
         self._full_weights = checkpoint
 
