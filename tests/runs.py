@@ -13,6 +13,7 @@ The tests of the paths users take (engine x fine-tuning x dtype x inference acto
 | vLLM, LoRA of rank 96, two inference actors, top_p 0.5 | `test_vllm_backend`: two learner steps |
 | vLLM, full fine-tuning | `test_vllm_backend`: no failed game, the new weights serve |
 | killed and resumed twice | `test_resume_kill` |
+| transformers, full fine-tuning, every weight load failing | `test_faults`: the run stops with the cause, status 1 |
 """
 
 from pathlib import Path

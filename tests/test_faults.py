@@ -24,7 +24,7 @@ from unstable.pool import ModelPool
 from unstable.pool.config import PoolConfig
 from unstable.records import EnvSpec, GenerationResult
 from unstable.rewards import WinDrawLossFormatter
-from unstable.runtime.loop import LearnerLoop
+from unstable.runtime.loop import LearnerLoop, RunStopped
 from unstable.tracking import Tracker, keys
 from unstable.tracking.history import read_rows
 
@@ -121,6 +121,46 @@ def test_faulty_games_are_counted_by_cause_and_learning_goes_on(tiny_model_dir, 
     assert any(r[keys.FORMAT_OK_RATE] < 1.0 for r in summaries)  # garbage replies are counted as bad format
 
 
+class _EngineThatCannotGenerate:
+    """Every generation fails, as a learner whose weights the engine cannot load or run."""
+
+    def generate(self, request):
+        raise RuntimeError("the engine cannot generate")
+
+
+def test_when_every_training_game_fails_the_learner_stops_with_the_cause_instead_of_waiting(tiny_model_dir, tmp_path):
+    pool = ModelPool(PoolConfig(sample_mode="random", fixed_opponents=["random"]))
+    pool.add_checkpoint(path=None, iteration=-1)
+    buffer = StepBuffer(256, final_reward_transformation=WinDrawLossFormatter())
+    tracker = Tracker(tmp_path)
+    cfg = CollectorConfig(training_envs=[SPEC], max_failed_games_in_a_row=20)
+    collector = Collector(_EngineThatCannotGenerate(), pool, buffer, tracker, cfg)
+    counts = {}
+    collecting = threading.Thread(target=lambda: counts.update(collector.collect(4)), daemon=True)
+    collecting.start()
+    loop = LearnerLoop(_learner(tiny_model_dir, Reinforce(), batch_size=8), buffer, pool, tracker, str(tmp_path))
+    stopped = []
+
+    def train():
+        try:
+            loop.train(1)
+        except RunStopped as exc:
+            stopped.append(exc.reason)
+
+    learning = threading.Thread(target=train, daemon=True)
+    learning.start()
+    learning.join(timeout=120)
+    collector.stop()
+    collecting.join(timeout=60)
+    assert not learning.is_alive(), "the learner still waits for a batch that cannot come"
+    assert stopped == [
+        "no training batch can come: collection stopped: the last 20 training games all failed "
+        "(collector.max_failed_games_in_a_row = 20), the last one with RuntimeError: the engine cannot generate"
+    ]
+    assert counts["train"] == counts["train_failed"] >= 20  # counted, and collection ended too
+    assert tracker.log({})[keys.TOTAL_FAILED_GAMES] >= 20
+
+
 def test_a_nan_loss_skips_its_step_and_too_many_in_a_row_stop_the_run(tiny_model_dir, bandit):  # noqa: F811
     learner = _learner(tiny_model_dir, Reinforce(), max_skipped_updates=1)
     good = [_scored(learner, bandit["prompt"], bandit["good"], 1.0)] * 4
@@ -183,3 +223,106 @@ def _generate_once_back(server, timeout_s: float = 60.0):
         except ray.exceptions.ActorUnavailableError:
             assert time.time() < deadline, "the inference actor never came back"
             time.sleep(0.5)
+
+
+class _SwitchingBackend:
+    """Answers at once, in a process whose threads switch every microsecond (so the actor's racing calls are often
+    caught between two of their statements)."""
+
+    def __init__(self, seed=None):
+        import sys
+
+        sys.setswitchinterval(1e-6)
+
+    def generate(self, requests):
+        return [GenerationResult("\\boxed{[4]}", (1,), (2,), (-0.1,)) for _ in requests]
+
+
+def _generate_until_refused(client, errors: list) -> None:
+    """Ask `client` for completions until a call fails; keeps the failure."""
+    from unstable.records import GenerationRequest
+
+    while True:
+        try:
+            client.generate(GenerationRequest("Your move: "))
+        except Exception as exc:  # noqa: BLE001 - the refusal is what the test looks at
+            errors.append(exc)
+            return
+
+
+def test_every_game_asking_an_inference_actor_that_stops_gets_an_answer_or_an_error():
+    import ray
+
+    from unstable.inference import InferenceClient, InferenceConfig
+    from unstable.runtime.actors import InferenceServerActor
+    from unstable.runtime.remote import RemoteProxy
+
+    ray.init(num_cpus=1, include_dashboard=False, ignore_reinit_error=True)
+    try:
+        for _ in range(5):
+            server = InferenceServerActor.remote(_SwitchingBackend, InferenceConfig(batch_wait_ms=0))
+            ray.get(server.start.remote())
+            client = InferenceClient([RemoteProxy(server)])
+            errors: list[Exception] = []
+            games = [threading.Thread(target=_generate_until_refused, args=(client, errors)) for _ in range(16)]
+            for game in games:
+                game.start()
+            time.sleep(0.2)
+            ray.get(server.stop.remote(), timeout=60)
+            for game in games:
+                game.join(timeout=30)
+            assert not any(game.is_alive() for game in games), "a request to the stopped server never resolved"
+            assert len(errors) == len(games) and all("inference server stopped" in str(e) for e in errors)
+            ray.kill(server)
+    finally:
+        ray.shutdown()
+
+
+def test_a_run_whose_learner_cannot_play_after_its_first_update_stops_with_the_cause_and_status_1(
+    tiny_model_dir, tmp_path
+):
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from unstable.inference.server import FAIL_LOADS_ENV
+
+    from .runs import EXAMPLE, tiny_run
+
+    overrides = tiny_run(
+        tmp_path,
+        tiny_model_dir,
+        "cannot-play",
+        "learner.num_steps=20",  # more than the games in flight at the first update can feed
+        "warm_start=null",
+        "collector.max_failed_games_in_a_row=8",
+        "evaluation.games_at_end=4",
+    )  # the example fine-tunes every weight: each update is a full checkpoint the engine loads
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = os.environ | {"PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", FAIL_LOADS_ENV: "1"}
+    command = [sys.executable, "-m", "unstable.cli.main", "train", str(EXAMPLE)]
+    command += [arg for o in overrides for arg in ("--set", o)]
+    run = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = (stream.decode() for stream in run.communicate(timeout=400))
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)  # the driver and every Ray process it started
+        run.wait()
+        raise AssertionError("the run never ended: its learner still waits for a batch") from None
+    cause = (
+        "no training batch can come: collection stopped: the last 8 training games all failed "
+        "(collector.max_failed_games_in_a_row = 8), the last one with RuntimeError: full checkpoint "
+    )
+    assert run.returncode == 1, out[-2000:] + err[-3000:]
+    assert err.splitlines()[-1].startswith(f"error: the run stopped: {cause}"), err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    failed = int(out.split("training games: ")[1].split("(")[1].split(" failed")[0])
+    assert failed >= 8, out
+    rows = [json.loads(line) for line in (tmp_path / "cannot-play" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r[keys.STEP] for r in rows if keys.STEP in r]
+    assert steps == list(range(len(steps))) and 2 <= len(steps) < 21  # a few updates on the older games, no more
+    assert rows[-1]["final"] and rows[-1][keys.RUN_STOPPED].startswith(cause)
+    assert rows[-1][keys.TOTAL_FAILED_GAMES] >= 8 and rows[-1][keys.FAILED_BY_CAUSE + "RuntimeError"] >= 8

@@ -1,13 +1,15 @@
 """Spreading requests over several inference servers, and the server's pass-through for self-batching backends."""
 
 import pickle
+import sys
 import threading
+import time
 from concurrent.futures import Future
 
 import pytest
 
 from unstable.config import ConfigError, validate_config
-from unstable.inference import InferenceClient, InferenceServer
+from unstable.inference import InferenceClient, InferenceConfig, InferenceServer
 from unstable.records import Checkpoint, GenerationRequest, GenerationResult
 
 RESULT = GenerationResult("x", (1, 2), (3, 4, 5), (-0.1, -0.2, -0.3))
@@ -201,3 +203,150 @@ def test_the_batching_thread_survives_a_wait_for_company_whose_time_runs_out_bet
         assert server.submit(GenerationRequest("b")).result(timeout=10) == RESULT
     finally:
         server.stop()
+
+
+class _FaultyBatch:
+    """A continuously batching backend whose rows finish after one decode step, with faults named by the prompt:
+    'add' joins its rows to the batch and then raises (as a failed sampling after the prefill can), 'step' raises
+    in the decode step, 'step+clear' also in the clear after it; a full checkpoint at 'broken' fails to load and
+    an adapter at 'broken' too."""
+
+    def __init__(self):
+        self.rows: list[tuple[int, GenerationRequest]] = []
+
+    def __len__(self):
+        return len(self.rows)
+
+    def adapters_in_use(self):
+        return {r.checkpoint.uid for _, r in self.rows if r.checkpoint is not None and r.checkpoint.is_adapter}
+
+    def add(self, items):
+        self.rows += items
+        if any(request.prompt == "add" for _, request in items):
+            raise RuntimeError("sampling after the prefill failed")
+        return []
+
+    def step(self):
+        if any(request.prompt.startswith("step") for _, request in self.rows):
+            raise RuntimeError("decode step failed")
+        finished, self.rows = self.rows, []
+        return [(tag, RESULT) for tag, _ in finished]
+
+    def clear(self):
+        if any(request.prompt == "step+clear" for _, request in self.rows):
+            raise RuntimeError("the batch cannot be cleared")
+        self.rows = []
+
+    def generate(self, requests):
+        raise AssertionError("the server steps the continuous batch")
+
+    def load_weights(self, path):
+        if path == "broken":
+            raise RuntimeError("no weights in 'broken'")
+
+    def load_adapter(self, checkpoint):
+        if checkpoint.path == "broken":
+            raise RuntimeError("no adapter in 'broken'")
+
+    def unload_adapter(self, uid):
+        pass
+
+
+BROKEN_FULL = Checkpoint("ckpt-3", "broken", 3, kind="full")
+BROKEN_ADAPTER = Checkpoint("ckpt-4", "broken", 4)
+
+
+@pytest.mark.parametrize(
+    "faulty",
+    [
+        GenerationRequest("add"),
+        GenerationRequest("step"),
+        GenerationRequest("a", BROKEN_FULL),
+        GenerationRequest("a", BROKEN_ADAPTER),
+    ],
+    ids=["add", "step", "full-weight-load", "adapter-load"],
+)
+def test_a_fault_in_the_batching_thread_fails_only_its_requests_and_the_server_goes_on(faulty):
+    server = InferenceServer(_FaultyBatch, InferenceConfig(batch_wait_ms=0))
+    server.start()
+    try:
+        with pytest.raises(RuntimeError, match="failed|no weights|no adapter"):
+            server.submit(faulty).result(timeout=10)
+        for prompt in "bc":  # later requests are served: the thread lives
+            assert server.submit(GenerationRequest(prompt)).result(timeout=10) == RESULT
+    finally:
+        server.stop()
+
+
+def test_a_request_its_caller_cancelled_does_not_stop_the_batching_thread():
+    gate = threading.Event()
+
+    class HeldBatch(_FaultyBatch):
+        def step(self):
+            gate.wait(timeout=10)
+            return super().step()
+
+    server = InferenceServer(HeldBatch, InferenceConfig(batch_wait_ms=0))
+    server.start()
+    try:
+        running = server.submit(GenerationRequest("a"))
+        queued = server.submit(GenerationRequest("b"))
+        queued.cancel()  # the caller gave up on it
+        gate.set()
+        assert running.result(timeout=10) == RESULT
+        assert server.submit(GenerationRequest("c")).result(timeout=10) == RESULT
+    finally:
+        server.stop()
+
+
+def test_when_the_batching_thread_dies_every_pending_and_later_request_fails_with_the_cause():
+    server = InferenceServer(_FaultyBatch, InferenceConfig(batch_wait_ms=0))
+    server.start()
+    dying = server.submit(GenerationRequest("step+clear"))
+    with pytest.raises(RuntimeError, match="decode step failed"):
+        dying.result(timeout=10)
+    server._worker.join(timeout=10)
+    with pytest.raises(RuntimeError, match="batching thread died: RuntimeError\\('the batch cannot be cleared'\\)"):
+        server.submit(GenerationRequest("b")).result(timeout=10)
+
+
+def _submit_until_refused(server, futures: list, errors: list) -> None:
+    """Submit requests to `server` until it refuses one; keeps the futures and the refusal's message."""
+    while True:
+        try:
+            futures.append(server.submit(GenerationRequest("a")))
+        except RuntimeError as exc:
+            errors.append(str(exc))
+            return
+
+
+@pytest.fixture
+def frequent_thread_switches():
+    """Threads switch every microsecond, so a racing call is often caught between two of its statements."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(before)
+
+
+def test_every_request_submitted_while_the_server_stops_resolves(frequent_thread_switches):
+    for _ in range(20):  # the race is between a submit's check and its enqueue: run it many times
+        server = InferenceServer(_GenerateOnlyBackend, InferenceConfig(batch_wait_ms=0))
+        server.start()
+        futures, errors = [], []
+        threads = [
+            threading.Thread(target=_submit_until_refused, args=(server, futures, errors), daemon=True)
+            for _ in range(8)
+        ]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.01)
+        server.stop()
+        for thread in threads:
+            thread.join(timeout=10)
+        for future in futures:
+            try:
+                assert future.result(timeout=5) == RESULT
+            except RuntimeError as exc:
+                assert "inference server stopped" in str(exc)
+        assert set(errors) == {"inference server stopped"}

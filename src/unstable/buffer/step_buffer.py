@@ -48,7 +48,7 @@ class StepBuffer:
             keys.BUFFER_STEPS_DROPPED: 0,
         }
         self._rng = random.Random(seed)
-        self._collecting = True
+        self._stop_cause: str | None = None  # why collection stopped (None: it goes on)
 
     def add_game(self, record: GameRecord) -> int:
         """Add the learner's steps of a finished game; returns how many steps were added."""
@@ -75,13 +75,18 @@ class StepBuffer:
         self.counters[keys.BUFFER_STEPS_ADDED] += added
         return added
 
-    def stop_collection(self) -> None:
-        """Tell the collector to start no new games (the learner calls this when its last update is done)."""
-        self._collecting = False
+    def stop_collection(self, cause: str = "the learner finished its updates") -> None:
+        """Tell the collector to start no new games: the learner calls this when its last update is done, the
+        collector when its games keep failing (`cause` says which)."""
+        self._stop_cause = self._stop_cause or cause
 
     def collection_stopped(self) -> bool:
         """True after `stop_collection()`."""
-        return not self._collecting
+        return self._stop_cause is not None
+
+    def stop_cause(self) -> str | None:
+        """Why collection stopped (None while it goes on)."""
+        return self._stop_cause
 
     def size(self) -> int:
         """Steps currently stored."""

@@ -58,18 +58,19 @@ def format_progress(row: dict[str, Any], total_steps: int) -> str:
 
 
 def _format_eval(name: str, table: dict[str, Any]) -> str:
+    failed = f", {table['failed']} failed" if table.get("failed") else ""
     if not table.get("games"):
-        return f"  {name}: no games"
+        return f"  {name}: no games{failed}"
     low, high = table["win_ci"]
     return (
         f"  {name}: W/D/L {table['win_rate']:.2f}/{table['draw_rate']:.2f}/{table['loss_rate']:.2f} over "
-        f"{table['games']} games (win 95% CI {low:.2f}-{high:.2f})"
+        f"{table['games']} games (win 95% CI {low:.2f}-{high:.2f}){failed}"
     )
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     """`unstable train CONFIG` runs the whole loop and prints a summary; `unstable train --resume RUN_DIR`
-    continues a run from its last saved state."""
+    continues a run from its last saved state. A run that could not train prints why and exits with status 1."""
     from unstable.config import ConfigError, load_config
     from unstable.runtime import resume_training, train
     from unstable.runtime.driver import check_run_dir
@@ -110,8 +111,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     print("\n=== summary ===")
     print(
-        f"  learner steps: {summary.learner_steps}   training games: {summary.train_games}   "
-        f"wall: {summary.wall_seconds:.0f}s"
+        f"  learner steps: {summary.learner_steps}   training games: {summary.train_games} "
+        f"({summary.train_failed} failed)   wall: {summary.wall_seconds:.0f}s"
     )
     opponents = ", ".join(cfg.collector.evaluation_opponents)
     print(_format_eval(f"eval vs {opponents} at start", summary.eval_start))
@@ -120,6 +121,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"  warm start: {summary.warm_start_checkpoint}")
     print(f"  run dir: {summary.run_dir} (config.yaml, metrics.jsonl, checkpoints/, logs/)")
     print(f"  watch or plot it: unstable dashboard {summary.run_dir}   unstable report {summary.run_dir}")
+    if summary.stopped:
+        print(f"error: the run stopped: {summary.stopped}", file=sys.stderr)
+        return 1
     return 0
 
 

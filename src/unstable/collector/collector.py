@@ -78,15 +78,20 @@ class Collector:
         self.resume_step = resume_step  # the learner step a resumed run restarted from (0: a fresh run)
         self._game_counter = itertools.count()
         self._stop = threading.Event()
+        self._failed_in_a_row = 0  # training games, since the last one that did not fail
 
     def collect(self, num_workers: int, num_eval_workers: int = 0) -> dict[str, int]:
-        """Keep the games in flight until `stop()` is called; returns how many games of each kind ran.
+        """Keep the games in flight until `stop()` is called; returns how many games of each kind ran and how many
+        of them failed (`train`, `eval`, `train_failed`, `eval_failed`).
+
+        After `cfg.max_failed_games_in_a_row` failed training games in a row it stops collection through the
+        StepBuffer, with the cause, so the learner waiting for a batch stops instead of waiting forever.
 
         With `cfg.pause_when_buffer_full` a finished training game's slot stays empty while the StepBuffer is full
         and is refilled once the learner has taken a batch (asked once per round, however many slots wait).
         """
         self._stop.clear()
-        counts = {"train": 0, "eval": 0}
+        counts = {"train": 0, "eval": 0, "train_failed": 0, "eval_failed": 0}
         with ThreadPoolExecutor(max_workers=num_workers + num_eval_workers, thread_name_prefix="game") as pool:
             in_flight: dict[Future, str] = {}
 
@@ -107,9 +112,10 @@ class Collector:
                 for future in done:
                     kind = in_flight.pop(future)
                     counts[kind] += 1
-                    if future.exception() is not None:
-                        log.error("game worker crashed: %r", future.exception())
+                    failure = _failure(future)
+                    counts[f"{kind}_failed"] += failure is not None
                     if kind == "train":
+                        self._count_training_game(failure)
                         waiting += 1
                     elif not stopping:
                         start(kind)
@@ -127,6 +133,19 @@ class Collector:
             return []
         with ThreadPoolExecutor(max_workers=min(concurrency, num_games), thread_name_prefix="eval") as pool:
             return list(pool.map(lambda _: self.play_one(is_eval=True), range(num_games)))
+
+    def _count_training_game(self, failure: str | None) -> None:
+        """Count a finished training game (`failure`: why it failed, None if it did not); at the
+        `max_failed_games_in_a_row`-th failure in a row, stop collection with the cause."""
+        self._failed_in_a_row = self._failed_in_a_row + 1 if failure is not None else 0
+        limit = self.cfg.max_failed_games_in_a_row
+        if self._failed_in_a_row == limit:
+            cause = (
+                f"the last {limit} training games all failed (collector.max_failed_games_in_a_row = {limit}), "
+                f"the last one with {failure}"
+            )
+            log.error("stopping collection: %s", cause)
+            self.step_buffer.stop_collection(cause)
 
     def stop(self) -> None:
         """Let running games finish and start no new ones."""
@@ -171,6 +190,15 @@ class Collector:
         self.model_pool.record_game(records[0])  # eval games rate the learner against fixed opponents too
         self.tracker.add_game(summarize_game(records[0]))
         return records[0]
+
+
+def _failure(game: Future) -> str | None:
+    """Why a finished game's future failed (its worker raised, or its record says so: the first line), or None."""
+    if game.exception() is not None:
+        log.error("game worker crashed: %r", game.exception())
+        return repr(game.exception())
+    record = game.result()
+    return record.error.splitlines()[0] if record.failed else None
 
 
 def _write_for_test(records: list[GameRecord]) -> None:

@@ -76,6 +76,13 @@ class CollectorConfig(Settings):
     group_size: int = Field(
         1, ge=1, description="continuations per training game branched from a copied decision state (1: off)"
     )
+    max_failed_games_in_a_row: int = Field(
+        1000,
+        ge=1,
+        description="stop the run, with the cause, once this many training games in a row failed (an env that always "
+        "raises, a learner whose every generation fails): no training batch can come from such games. Games failing "
+        "now and then (an inference actor that died and restarted) are counted and survived",
+    )
     pause_when_buffer_full: bool = Field(
         False,
         description="start no new training game while the StepBuffer is full (games in flight still finish): when "

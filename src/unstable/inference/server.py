@@ -15,12 +15,16 @@ Full fine-tuning, on either path: a request naming a full checkpoint newer than 
 no request runs (new arrivals wait too), then the backend loads it and it runs; so no row changes weights
 mid-completion. A request naming an older checkpoint (its game started before the update) runs on the loaded
 weights, and every result's `served_by` names the checkpoint that actually produced it.
+
+No request waits forever: a fault in the batching thread fails the requests it touched and the thread goes on; if
+the thread dies anyway, or the server stops, every pending and later request fails saying so.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -35,6 +39,10 @@ from unstable.records import Checkpoint, GenerationRequest, GenerationResult
 from unstable.tracking import keys
 
 log = logging.getLogger(__name__)
+
+# test hook: when set, every full-weight load fails (as vLLM's reload did under full fine-tuning), so a test of a
+# whole run can make every learner game after the first update fail
+FAIL_LOADS_ENV = "UNSTABLE_TEST_FAIL_WEIGHT_LOADS"
 
 
 class InferenceServer:
@@ -62,6 +70,8 @@ class InferenceServer:
         self._engine = None  # the backend's continuous batch, or StaticBatches over its `generate`
         self._worker: threading.Thread | None = None
         self._stopped = threading.Event()
+        self._closed: str | None = None  # why the batching thread takes no more requests (None: it takes them)
+        self._accepting = threading.Lock()  # a submit's check and enqueue happen wholly before or after closing
 
     def start(self) -> None:
         """Build the backend (loads the model); start the batching thread unless it batches itself. Idempotent."""
@@ -75,7 +85,7 @@ class InferenceServer:
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """Stop the batching thread and wait up to `timeout_s` for it to finish the batch it is running;
-        pending requests fail with RuntimeError."""
+        pending requests, and any submitted from now on, fail with RuntimeError."""
         self._stopped.set()
         self._queue.put((None, None))  # type: ignore[arg-type]  # wakes the worker
         if self._worker is not None and self._worker is not threading.current_thread():
@@ -86,16 +96,18 @@ class InferenceServer:
         return self.submit(request).result()
 
     def submit(self, request: GenerationRequest) -> Future:
-        """Queue one request (or hand it to a self-batching backend) and return a future for its result."""
+        """Queue one request (or hand it to a self-batching backend) and return a future for its result. Raises
+        RuntimeError once the server stopped or its batching thread died (saying so, with the cause)."""
         if self._backend is None:
             raise RuntimeError("InferenceServer.start() was not called")
-        if self._stopped.is_set():
-            raise RuntimeError("inference server stopped")
-        if self._worker is None:
-            return self._submit_direct(request)
-        future: Future = Future()
-        self._queue.put((request, future))
-        return future
+        with self._accepting:
+            if self._stopped.is_set():
+                raise RuntimeError(self._closed or "inference server stopped")
+            if self._worker is not None:
+                future: Future = Future()
+                self._queue.put((request, future))
+                return future
+        return self._submit_direct(request)
 
     def stats(self, reset: bool = True) -> dict[str, float]:
         """Throughput counters since the last reset: requests, batches, generated tokens, tokens/s.
@@ -111,6 +123,7 @@ class InferenceServer:
         start = time.perf_counter()
         served_by = self._enter(request.checkpoint)
         future: Future = Future()
+        future.set_running_or_notify_cancel()  # handed over at once: no longer cancellable
 
         def finish(done: Future) -> None:
             self._leave()
@@ -151,11 +164,24 @@ class InferenceServer:
             self._in_flight_changed.notify_all()
 
     def _serve(self) -> None:
-        while not self._stopped.is_set():
-            self._admit()
-            if len(self._engine):
-                self._step()
-        self._fail_pending()
+        """The batching thread: admit and step until stopped. A fault in a round fails the running batch's
+        requests and the thread goes on; one it cannot survive ends it, and every pending and later request
+        fails with its cause."""
+        reason = "inference server stopped"
+        try:
+            while not self._stopped.is_set():
+                try:
+                    self._admit()
+                    if len(self._engine):
+                        self._step()
+                except Exception as exc:  # noqa: BLE001 - the callers see the error through their futures
+                    log.exception("batching round over %d running requests failed", len(self._active))
+                    self._drop_batch(exc)
+        except BaseException as exc:  # noqa: BLE001 - said to every pending and later request, and logged
+            reason = f"inference server's batching thread died: {exc!r}"
+            log.critical(reason, exc_info=True)
+        finally:
+            self._close(reason)
 
     def _admit(self) -> None:
         """Move arrivals to the waiting line, then admit from its front what the batch can take now."""
@@ -170,12 +196,15 @@ class InferenceServer:
         if not admitted:
             return
         start = time.perf_counter()
+        running = len(self._engine)
         try:
             self._make_resident([r.checkpoint for _, (r, _) in admitted if r.checkpoint and r.checkpoint.is_adapter])
             finished = self._engine.add([(tag, request) for tag, (request, _) in admitted])
         except Exception as exc:  # noqa: BLE001 - the callers see the error through their futures
             log.exception("admitting %d requests failed", len(admitted))
             self._fail(dict(admitted), exc)
+            if len(self._engine) != running:  # some joined the batch before the fault: its state is unknown
+                self._drop_batch(exc)
             return
         self._active.update(admitted)
         self._expect_company = len(self._active) > 1
@@ -209,7 +238,8 @@ class InferenceServer:
             if item[0] is None:
                 self._stopped.set()
                 break
-            arrivals.append((next(self._tags), item))
+            if item[1].set_running_or_notify_cancel():  # else its caller cancelled it: nobody waits for it
+                arrivals.append((next(self._tags), item))
         return arrivals
 
     def _admissible(self) -> list[tuple[int, tuple[GenerationRequest, Future]]]:
@@ -227,7 +257,7 @@ class InferenceServer:
                 try:
                     self._load_full_weights(ckpt)
                 except Exception as exc:  # noqa: BLE001 - the request naming it sees the error; the next retries
-                    log.exception("loading full checkpoint %s failed", ckpt.uid)
+                    log.error("loading full checkpoint %s failed: %r", ckpt.uid, exc)  # one line: it may recur
                     _, (_, future) = self._waiting.popleft()
                     future.set_exception(exc)
                     continue
@@ -241,15 +271,14 @@ class InferenceServer:
     def _step(self) -> None:
         rows = len(self._engine)
         start = time.perf_counter()
-        try:
-            finished = self._engine.step()
-        except Exception as exc:  # noqa: BLE001 - the callers see the error through their futures
-            log.exception("decode step over %d rows failed", rows)
-            self._engine.clear()
-            self._fail(self._active, exc)
-            self._active = {}
-            return
+        finished = self._engine.step()
         self._finish(finished, rows, time.perf_counter() - start)
+
+    def _drop_batch(self, exc: Exception) -> None:
+        """Fail every running request with `exc` and empty the batch (after a fault left it in an unknown state)."""
+        failed, self._active = self._active, {}
+        self._fail(failed, exc)
+        self._engine.clear()
 
     def _finish(self, finished: list[tuple[int, GenerationResult]], rows: int, seconds: float) -> None:
         self._counters.add(rows, [result for _, result in finished], seconds)
@@ -268,6 +297,8 @@ class InferenceServer:
 
     def _load_full_weights(self, checkpoint: Checkpoint) -> None:
         """Full fine-tuning: load a newer full checkpoint into the base weights (no request is running)."""
+        if os.environ.get(FAIL_LOADS_ENV):
+            raise RuntimeError(f"full checkpoint {checkpoint.path} not loaded: {FAIL_LOADS_ENV} is set")
         self._backend.load_weights(checkpoint.path)
         self._full_weights = checkpoint
 
@@ -293,13 +324,17 @@ class InferenceServer:
             self._backend.load_adapter(checkpoint)
             self._resident[uid] = checkpoint
 
-    def _fail_pending(self) -> None:
-        error = RuntimeError("inference server stopped")
+    def _close(self, reason: str) -> None:
+        """Take no more requests and fail every pending one with RuntimeError(`reason`)."""
+        with self._accepting:  # no submit enqueues after this
+            self._closed = reason
+            self._stopped.set()
+        error = RuntimeError(reason)
         self._fail(self._active, error)
         self._fail(dict(self._waiting), error)
         while not self._queue.empty():
             _, future = self._queue.get_nowait()
-            if future is not None:
+            if future is not None and future.set_running_or_notify_cancel():
                 future.set_exception(error)
 
 

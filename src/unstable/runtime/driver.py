@@ -25,7 +25,10 @@ from unstable.tracking import cannot_make, keys, new_run_dir, truncate_metrics, 
 
 @dataclass
 class RunSummary:
-    """What a finished run reports; `eval_start`/`eval_end` are `tracking.wdl_summary` tables."""
+    """What a finished run reports; `eval_start`/`eval_end` are `eval_table`s (with their failed games).
+
+    `stopped` says why the run could not train (it stopped early, or every final evaluation game failed);
+    None for a run that did its work."""
 
     run_dir: str
     learner_steps: int
@@ -34,6 +37,8 @@ class RunSummary:
     eval_end: dict[str, Any] = field(default_factory=dict)
     wall_seconds: float = 0.0
     warm_start_checkpoint: str | None = None
+    train_failed: int = 0
+    stopped: str | None = None
 
 
 def eval_table(records: list[GameRecord]) -> dict[str, Any]:
@@ -51,8 +56,13 @@ def run(
 ) -> RunSummary:
     """Evaluate the initial policy, train up to `cfg.learner.num_steps` updates while the collector plays, stop
     the collector, evaluate the final policy. Every row goes through the Tracker into `metrics.jsonl`. A run
-    resumed at `start_step` > 0 skips the initial evaluation (its row 0 is already in the file)."""
+    resumed at `start_step` > 0 skips the initial evaluation (its row 0 is already in the file).
+
+    A learner that stops (RunStopped: no batch can come) ends the run without the final evaluation; the cause goes
+    into the summary and the final row (`run/stopped`), as does a final evaluation whose every game failed."""
     import ray
+
+    from unstable.runtime.loop import RunStopped
 
     start = time.time()
     t = topology
@@ -64,15 +74,40 @@ def run(
     if start_step == 0:
         on_row(ray.get(t.tracker.log.remote({keys.STEP: 0})))  # row 0: the initial policy's evaluation
     collecting = t.collector.collect.remote(cfg.collector.num_workers, cfg.collector.num_eval_workers)
-    for _ in range(start_step, cfg.learner.num_steps):
-        on_row(ray.get(t.learner.train.remote(1, stop_collection=False))[0])
+    step, stopped, eval_end = start_step, None, {}
+    try:
+        while step < cfg.learner.num_steps:
+            on_row(ray.get(t.learner.train.remote(1, stop_collection=False))[0])
+            step += 1
+    except RunStopped as exc:
+        stopped = exc.reason
     ray.get(t.collector.stop.remote())
     counts = ray.get(collecting)
-    eval_end = eval_table(ray.get(t.collector.evaluate.remote(cfg.evaluation.games_at_end)))
-    ray.get(t.tracker.log.remote({"eval_start": eval_start, "eval_end": eval_end, "final": True}))
+    if stopped is None:
+        eval_end = eval_table(ray.get(t.collector.evaluate.remote(cfg.evaluation.games_at_end)))
+        stopped = _unable_to_play(eval_end)
+    ray.get(
+        t.tracker.log.remote({"eval_start": eval_start, "eval_end": eval_end, "final": True, keys.RUN_STOPPED: stopped})
+    )
     ray.get(t.tracker.close.remote())
     wall = time.time() - start
-    return RunSummary(str(t.run_dir), cfg.learner.num_steps, counts["train"], eval_start, eval_end, wall)
+    return RunSummary(
+        str(t.run_dir),
+        step,
+        counts["train"],
+        eval_start,
+        eval_end,
+        wall,
+        train_failed=counts["train_failed"],
+        stopped=stopped,
+    )
+
+
+def _unable_to_play(table: dict[str, Any]) -> str | None:
+    """The cause when every game of an evaluation (an `eval_table`) failed: the learner cannot play; else None."""
+    if table["failed"] and not table["games"]:
+        return f"every one of the {table['failed']} final evaluation games failed: the learner cannot play"
+    return None
 
 
 def warm_start(

@@ -18,6 +18,14 @@ from unstable.runtime import resume
 from unstable.tracking import keys
 
 
+class RunStopped(RuntimeError):
+    """The run cannot go on: `reason` says why (e.g. collection stopped and no batch can come)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason  # an attribute, so it reads the same through Ray's wrapper of a remote error
+
+
 class LearnerLoop:
     """Drives `learner` with batches from `step_buffer`; checkpoints go to `run_dir/checkpoints/ckpt-<step>`."""
 
@@ -82,12 +90,15 @@ class LearnerLoop:
 
     def _wait_for_batch(self) -> tuple[list[Step], float, int]:
         """Block until the buffer yields a batch with fresh steps; returns them, the seconds waited and the
-        number of stale steps dropped on the way."""
+        number of stale steps dropped on the way. Raises RunStopped, with the cause, when collection stopped and
+        the buffer cannot fill a batch."""
         cfg = self.learner.cfg
         start = time.perf_counter()
         dropped = 0
         while True:
             while self.step_buffer.size() < cfg.batch_size:
+                if (cause := self.step_buffer.stop_cause()) is not None and self.step_buffer.size() < cfg.batch_size:
+                    raise RunStopped(f"no training batch can come: collection stopped: {cause}")
                 time.sleep(cfg.poll_interval_s)
             steps, stale = self.learner.drop_stale(self.step_buffer.get_batch(cfg.batch_size))
             dropped += stale

@@ -9,8 +9,9 @@ from typing import Any
 class RemoteProxy:
     """Calls a Ray actor's methods like local ones: `proxy.f(x)` is `ray.get(handle.f.remote(x))`.
 
-    Methods named in `fire_and_forget` return immediately (for logging calls whose result nobody needs).
-    Proxies pickle, so they can be handed to other actors.
+    Methods named in `fire_and_forget` return immediately (for logging calls whose result nobody needs). A remote
+    method that raises raises the same exception here (chained to Ray's wrapper, which holds the remote traceback),
+    so a failed game names the actual cause. Proxies pickle, so they can be handed to other actors.
     """
 
     def __init__(self, handle: Any, fire_and_forget: Iterable[str] = ()):
@@ -20,12 +21,10 @@ class RemoteProxy:
     def __getattr__(self, name: str):
         if name.startswith("_"):
             raise AttributeError(name)
-        import ray
-
         method = getattr(self._handle, name)
         if name in self._nowait:
             return lambda *args, **kwargs: method.remote(*args, **kwargs)
-        return lambda *args, **kwargs: ray.get(method.remote(*args, **kwargs))
+        return lambda *args, **kwargs: _get(method.remote(*args, **kwargs))
 
     def __getstate__(self):
         return {"handle": self._handle, "nowait": self._nowait}
@@ -33,3 +32,15 @@ class RemoteProxy:
     def __setstate__(self, state):
         self._handle = state["handle"]
         self._nowait = state["nowait"]
+
+
+def _get(ref):
+    """`ray.get(ref)`, raising what the remote method raised."""
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        if not isinstance(exc.cause, BaseException):
+            raise
+        raise exc.cause from exc

@@ -103,3 +103,6 @@ TOTAL_FAILED_GAMES = "total/failed_games"
 
 # the row itself
 TIME = "time"
+# in the final row: why the run stopped before its last learner step or cannot train, a sentence (None: it did its
+# work); the row's failed-game counts above say how many games failed and of what
+RUN_STOPPED = "run/stopped"
