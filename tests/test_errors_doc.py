@@ -124,6 +124,9 @@ CASES = [
     ("--resume with a corrupt latest.json", _corrupt_pointer, "latest.json"),
     ("an initial adapter for full fine-tuning", _full_finetuning_from_an_adapter, "initial_lora_path"),
     ("float16 autocast (no loss scaling)", _with("learner.autocast_dtype=float16"), "learner.autocast_dtype"),
+    ("a resume state every 0 steps", _with("learner.resume_state.every_steps=0"), "resume_state.every_steps"),
+    ("a resume state every 0 minutes", _with("learner.resume_state.every_minutes=0"), "resume_state.every_minutes"),
+    ("no resume state kept", _with("learner.resume_state.keep_last=0"), "resume_state.keep_last"),
 ]
 
 

@@ -66,6 +66,7 @@ def run(
     collecting = t.collector.collect.remote(cfg.collector.num_workers, cfg.collector.num_eval_workers)
     for _ in range(start_step, cfg.learner.num_steps):
         on_row(ray.get(t.learner.train.remote(1, stop_collection=False))[0])
+    ray.get(t.learner.close.remote())  # the last state written
     ray.get(t.collector.stop.remote())
     counts = ray.get(collecting)
     eval_end = eval_table(ray.get(t.collector.evaluate.remote(cfg.evaluation.games_at_end)))

@@ -3,7 +3,7 @@ reading a run's rows back."""
 
 from unstable.tracking.config import TrackerConfig
 from unstable.tracking.stats import WDL, wdl_summary, wilson_interval
-from unstable.tracking.tracker import Tracker, new_run_dir, summarize_game, truncate_metrics
+from unstable.tracking.tracker import Tracker, new_run_dir, summarize_game, truncate_metrics, write_json_atomically
 
 __all__ = [
     "WDL",
@@ -14,4 +14,5 @@ __all__ = [
     "truncate_metrics",
     "wdl_summary",
     "wilson_interval",
+    "write_json_atomically",
 ]

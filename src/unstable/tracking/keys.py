@@ -38,6 +38,9 @@ SKIPPED_UPDATES = "learner/skipped_updates"  # optimizer steps skipped in this u
 SKIPPED_UPDATES_TOTAL = "learner/skipped_updates_total"
 UPDATE_SECONDS = "learner/update_seconds"
 WAIT_SECONDS = "learner/wait_seconds"
+# seconds the previous step spent on its resume state on the learner's path (the snapshot, waiting for the write
+# before it); 0 for a step after one that saved none
+STATE_SAVE_SECONDS = "learner/state_save_seconds"
 TRAIN_TOKENS_PER_S = "learner/tokens_per_s"
 
 # collector: counts and throughput over the games finished since the previous row

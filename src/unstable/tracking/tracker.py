@@ -64,6 +64,16 @@ def new_run_dir(path: Path) -> Path:
     return candidate
 
 
+def write_json_atomically(path: Path, data: Any) -> None:
+    """Write JSON to a temporary file, flush it to disk, rename it over `path`."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def truncate_metrics(path: Path, step: int) -> int:
     """Keep the rows of `path` up to and including the one of learner step `step`; returns the rows dropped.
 
