@@ -1,5 +1,6 @@
 """Bounded cost per step: resume states at an interval, written off the learner's path, only the newest kept;
-checkpoints a kept state needs survive retention."""
+checkpoints a kept state needs survive retention; metrics rows that keep one size however many checkpoints the
+pool rates; the dashboard and the report reading the tables from their own files."""
 
 import json
 import os
@@ -9,18 +10,21 @@ import threading
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from unstable.algorithms import Reinforce
 from unstable.buffer import StepBuffer
+from unstable.dashboard import panels
 from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
 from unstable.learner.config import ResumeStateConfig, RetentionConfig
 from unstable.pool import ModelPool
 from unstable.records import GameRecord, Step
+from unstable.report import data
 from unstable.rewards import WinDrawLossFormatter
 from unstable.runtime import resume
 from unstable.runtime.loop import LearnerLoop
 from unstable.tracking import Tracker, TrackerConfig, keys
-from unstable.tracking.history import read_rows
+from unstable.tracking.history import LATEST_TABLES_FILE, TABLES_FILE, RowFollower, latest_value, read_rows
 
 from .runs import EXAMPLE, tiny_run
 
@@ -112,6 +116,63 @@ def test_a_failed_state_write_stops_the_learner_at_its_next_save(tmp_path):
         writer.wait()
 
 
+def _pool_with(checkpoints: int) -> ModelPool:
+    pool = ModelPool()
+    for k in range(checkpoints):
+        pool.add_checkpoint(f"/ckpt-{k}", iteration=k)
+        for seed in range(3):
+            pool.record_game(_game(seed, {0: f"ckpt-{k}", 1: "random"}))
+    return pool
+
+
+def test_metrics_rows_keep_one_size_however_many_checkpoints_the_pool_rates(tmp_path):
+    sizes = {}
+    for checkpoints in (3, 60):
+        tracker = Tracker(tmp_path / str(checkpoints))  # tables_every 10, the default
+        tracker.add_source(_pool_with(checkpoints))
+        for step in range(1, 21):
+            tracker.log({keys.STEP: step})
+        sizes[checkpoints] = len((tracker.path).read_text().splitlines()[-1])
+    assert abs(sizes[60] - sizes[3]) < 20, sizes  # digits of the counts may differ, nothing else
+
+    tables = [json.loads(line) for line in (tmp_path / "60" / TABLES_FILE).read_text().splitlines()]
+    assert [t[keys.STEP] for t in tables] == [10, 20] and len(tables[-1][keys.POOL_LADDER]) == 61
+    latest = json.loads((tmp_path / "60" / LATEST_TABLES_FILE).read_text())
+    assert latest[keys.STEP] == 20 and "ckpt-59" in latest[keys.POOL_MATCH_MATRIX]
+
+    rows = read_rows(tmp_path / "60")  # reading back puts each table into the row of its step
+    assert [row[keys.STEP] for row in rows if keys.POOL_LADDER in row] == [10, 20]
+    assert latest_value(rows, keys.POOL_LADDER) == latest[keys.POOL_LADDER]
+
+
+def test_a_follower_meets_tables_written_before_their_row_and_the_newest_at_every_poll(tmp_path):
+    tracker = Tracker(tmp_path, cfg=TrackerConfig(tables_every=10))
+    tracker.add_source(_pool_with(2))
+    tracker.log({keys.STEP: 0})
+    follower = RowFollower(tmp_path)
+    assert keys.POOL_LADDER in follower.poll()[0]  # step 0: in tables.jsonl
+    tracker.log({keys.STEP: 1})
+    assert keys.POOL_LADDER in follower.poll()[0]  # step 1: only the newest, tables.json
+    tracker.log({keys.STEP: 2})
+    tracker.log({keys.STEP: 3})
+    assert [keys.POOL_LADDER in row for row in follower.poll()] == [False, True]
+
+
+def test_dashboard_and_report_show_the_ladder_from_the_tables_files(tmp_path):
+    tracker = Tracker(tmp_path, cfg=TrackerConfig(tables_every=5))
+    tracker.add_source(_pool_with(12))
+    for step in range(11):
+        tracker.log({keys.STEP: step})
+    rows = read_rows(tmp_path)
+    written = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert not any(keys.POOL_LADDER in row for row in written)
+    console = Console(width=100, record=True, file=open(os.devnull, "w"))
+    console.print(panels.ladder(rows))
+    assert "ckpt-11" in console.export_text()
+    assert data.checkpoint_ratings(rows)["steps"] == list(range(12))
+    assert data.match_matrix(rows)["agents"][-1] == "random"
+
+
 def _train(args: list[str]) -> subprocess.CompletedProcess:
     env = os.environ | {"PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     command = [sys.executable, "-m", "unstable.cli.main", "train", *args]
@@ -123,7 +184,7 @@ def test_unstable_train_saves_every_5_steps_keeps_2_and_resumes(tiny_model_dir, 
     overrides = tiny_run(
         tmp_path, tiny_model_dir, "bounded", "warm_start=null", "learner.num_steps=12",
         "learner.resume_state.every_steps=5", "learner.resume_state.keep_last=2", "learner.retention.keep_last=2",
-        
+        "tracker.tables_every=5",
     )  # fmt: skip
     done = _train([str(EXAMPLE), *[arg for o in overrides for arg in ("--set", o)]])
     assert done.returncode == 0, done.stderr[-3000:]
@@ -138,4 +199,7 @@ def test_unstable_train_saves_every_5_steps_keeps_2_and_resumes(tiny_model_dir, 
     assert again.returncode == 0, again.stderr[-3000:]
     rows = read_rows(run_dir)
     assert [row[keys.STEP] for row in rows if keys.STEP in row] == list(range(14))  # each step once
+    tables = [json.loads(line)[keys.STEP] for line in (run_dir / TABLES_FILE).read_text().splitlines()]
+    assert tables == [0, 5, 10]
     assert resume.saved_steps(run_dir / "state", "step-") == [10, 13]  # step-12.tmp went with the redo
+    assert latest_value(rows, keys.POOL_LADDER)  # the final row's tables

@@ -98,6 +98,9 @@ POOL_ACTIVE_CHECKPOINTS = "pool/active_checkpoints"  # the newest max_active_lor
 # win_probability and match_quality are against the latest checkpoint, None unless both are ranked
 POOL_LADDER = "pool/ladder"
 POOL_MATCH_MATRIX = "pool/match_matrix"  # {agent: {opponent: {"games", "wins", "draws", "losses", "win_rate"}}}
+# tables that grow with the run's checkpoints and opponents: the Tracker writes them to their own files
+# (`tracking.history.TABLES_FILE`, `LATEST_TABLES_FILE`), never into a metrics row, so rows keep one size
+TABLES = (POOL_LADDER, POOL_MATCH_MATRIX)
 
 # running totals since the run started
 TOTAL_TRAIN_GAMES = "total/train_games"
