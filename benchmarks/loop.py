@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
+from footprint import tree_rss
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -43,15 +43,8 @@ class PeakMemory:
         self._thread.join()
 
     def _run(self):
-        me = psutil.Process()
         while not self._stop.is_set():
-            total = 0
-            for proc in [me, *me.children(recursive=True)]:
-                try:
-                    total += proc.memory_info().rss
-                except psutil.Error:
-                    pass
-            self.peak_bytes = max(self.peak_bytes, total)
+            self.peak_bytes = max(self.peak_bytes, tree_rss())
             self._stop.wait(self.interval_s)
 
 

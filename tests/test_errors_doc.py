@@ -195,6 +195,10 @@ CASES = [
     ("eval of a missing adapter", _cli("eval", "--model", "org/m", "--adapter", "TMP/none"), "--adapter"),
     ("sft writing under a file", _cli("sft", "--model", "org/m", "--out-dir", "TMP/a-file/sft"), "--out-dir"),
     ("eval on 10^6 torch threads", _cli("eval", "--model", "org/m", "--threads", "1000000"), "--threads"),
+    ("a resume state every 0 steps", _with("learner.resume_state.every_steps=0"), "resume_state.every_steps"),
+    ("a resume state every 0 minutes", _with("learner.resume_state.every_minutes=0"), "resume_state.every_minutes"),
+    ("no resume state kept", _with("learner.resume_state.keep_last=0"), "resume_state.keep_last"),
+    ("tables written every 0 steps", _with("tracker.tables_every=0"), "tracker.tables_every"),
 ]
 
 

@@ -7,6 +7,7 @@ import pytest
 from unstable.config import load_config
 from unstable.runtime import train
 from unstable.tracking import keys, new_run_dir
+from unstable.tracking.history import LATEST_TABLES_FILE
 
 from .runs import EXAMPLE, tiny_run
 
@@ -48,7 +49,8 @@ def test_two_learner_steps_through_ray(tiny_model_dir, tmp_path):
     step = lines[2]
     assert max(r[keys.INFERENCE_TOKENS_PER_S] for r in lines[1:3]) > 0
     assert step[keys.BUFFER_SIZE] >= 0 and keys.LOSS in step
-    assert step[keys.POOL_CHECKPOINTS] == 3 and {e["agent"] for e in step[keys.POOL_LADDER]} >= {"ckpt--1"}
+    ladder = json.loads((run_dir / LATEST_TABLES_FILE).read_text())[keys.POOL_LADDER]  # tables: their own file
+    assert step[keys.POOL_CHECKPOINTS] == 3 and {e["agent"] for e in ladder} >= {"ckpt--1"}
 
 
 def test_a_new_run_never_writes_into_an_earlier_runs_directory(tmp_path):

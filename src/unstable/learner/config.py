@@ -48,8 +48,8 @@ class AlgorithmConfig(Settings):
 
 
 class RetentionConfig(Settings):
-    """Which saved learner steps keep their checkpoint and resume state; the pool's active checkpoints (in play
-    as opponents) and the latest state are always kept."""
+    """Which learner steps keep their checkpoint; the pool's active checkpoints (in play as opponents) and those a
+    kept resume state's pool names are always kept."""
 
     keep_last: int | None = Field(None, ge=1, description="the newest steps kept (None: keep every step)")
     keep_every: int | None = Field(None, ge=1, description="also keep every step divisible by this")
@@ -62,6 +62,26 @@ class RetentionConfig(Settings):
             or step > latest - self.keep_last
             or (self.keep_every is not None and step % self.keep_every == 0)
             or step in self.keep_steps
+        )
+
+
+class ResumeStateConfig(Settings):
+    """When the learner saves its resume state (`state/step-<k>/`) and how many it keeps: a state is due
+    `every_steps` steps or `every_minutes` minutes after the previous one, whichever comes first, and always at
+    the run's last step; with both None, only there."""
+
+    every_steps: int | None = Field(10, ge=1, description="save the state every this many learner steps")
+    every_minutes: float | None = Field(
+        10.0, gt=0.0, description="save the state when this many minutes passed since the previous save"
+    )
+    keep_last: int = Field(2, ge=1, description="the newest saved states kept on disk (older ones are deleted)")
+
+    def due(self, step: int, last_step: int, minutes_since_save: float) -> bool:
+        """Whether learner step `step` saves its state, `minutes_since_save` after the previous save."""
+        return (
+            step >= last_step
+            or (self.every_steps is not None and step % self.every_steps == 0)
+            or (self.every_minutes is not None and minutes_since_save >= self.every_minutes)
         )
 
 
@@ -137,6 +157,7 @@ class LearnerConfig(Settings):
         3, ge=0, description="optimizer steps in a row skipped for a non-finite gradient before the run stops"
     )
     retention: RetentionConfig = RetentionConfig()
+    resume_state: ResumeStateConfig = ResumeStateConfig()
     poll_interval_s: float = Field(0.05, gt=0.0, description="how often the loop asks the buffer for a batch")
     algorithm: AlgorithmConfig = AlgorithmConfig()
 

@@ -340,8 +340,10 @@ class LearnerActor(LearnerLoop):
         )
 
     def train(self, num_steps: int, stop_collection: bool = True) -> list[dict[str, Any]]:
-        """`num_steps` updates; then, unless told otherwise, tell the collector to start no new games."""
+        """`num_steps` updates; then, unless told otherwise, write the last state (`close`) and tell the collector to
+        start no new games."""
         rows = super().train(num_steps)
         if stop_collection:
+            self.close()
             self.step_buffer.stop_collection()
         return rows

@@ -21,6 +21,7 @@ from unstable.records import GameRecord
 from unstable.runtime import resume
 from unstable.runtime.topology import Topology, build_topology, init_ray, resolve_model_path
 from unstable.tracking import cannot_make, keys, new_run_dir, truncate_metrics, wdl_summary
+from unstable.tracking.history import TABLES_FILE
 
 
 @dataclass
@@ -81,6 +82,7 @@ def run(
             step += 1
     except RunStopped as exc:
         stopped = exc.reason
+    ray.get(t.learner.close.remote())  # the last state written
     ray.get(t.collector.stop.remote())
     counts = ray.get(collecting)
     if stopped is None:
@@ -190,7 +192,8 @@ def resume_training(
     cfg = load_config(run_dir / "config.yaml", overrides)
     check_resources(cfg)
     point = resume.latest_state(run_dir)
-    truncate_metrics(run_dir / "metrics.jsonl", point[0] if point else -1)
+    for rows in ("metrics.jsonl", TABLES_FILE):
+        truncate_metrics(run_dir / rows, point[0] if point else -1)
     write_config(cfg, run_dir)
     return _run_on_ray(cfg, run_dir, on_row, point)
 

@@ -1,5 +1,5 @@
 """The learner loop: wait for a batch, update, save the checkpoint, register it with the pool, log a row, save
-the resume state.
+the resume state when it is due (written on a background thread, `resume.StateWriter`).
 
 The loop is the only part of learning that talks to other components; the `Learner` it holds only updates
 weights. It is plain Python: tests run it in-process with plain components, and `runtime.topology` runs it
@@ -35,6 +35,10 @@ class LearnerLoop:
         self.model_pool = model_pool
         self.tracker = tracker
         self.run_dir = Path(run_dir)
+        self.writer = resume.StateWriter(self.run_dir, self._prune)
+        self._saved_at = time.monotonic()
+        self._saved_step: int | None = None
+        self._save_seconds = 0.0
 
     def initialize(self) -> None:
         """Load the model and build the optimizer (the heavy start-up, separate from construction)."""
@@ -56,16 +60,25 @@ class LearnerLoop:
             self.model_pool.add_checkpoint(
                 path=path, iteration=self.learner.step, kind=self.learner.cfg.checkpoint_kind
             )
-            metrics |= {keys.WAIT_SECONDS: waited, keys.STALE_DROPPED: dropped}
+            metrics |= {
+                keys.WAIT_SECONDS: waited,
+                keys.STALE_DROPPED: dropped,
+                keys.STATE_SAVE_SECONDS: self._save_seconds,
+            }
             rows.append(self.tracker.log(metrics))
-            resume.pause_for_test(self.run_dir, "after-log", self.learner.step)
-            self.save_state()
+            resume.pause_for_test(self.run_dir, "after-log", self.learner.step, before=self.writer.wait)
+            self._save_seconds = 0.0
+            minutes = (time.monotonic() - self._saved_at) / 60
+            if self.learner.cfg.resume_state.due(self.learner.step, self.learner.cfg.num_steps, minutes):
+                self.save_state()
         return rows
 
     def save_state(self) -> None:
-        """Write this step's resume state (learner, pool, buffer, tracker) atomically, then delete the checkpoints
-        and states retention lets go. The row of the step is already in `metrics.jsonl`: a kill before this
-        save ends makes the resumed run drop that row and redo the step."""
+        """Snapshot this step's resume state (learner, pool, buffer, tracker) and write it on the writer's thread,
+        which then deletes the states and checkpoints let go (`_prune`). The row of the step is already in
+        `metrics.jsonl`: a kill before the write ends makes the resumed run drop the rows after the previous
+        state and redo their steps."""
+        start = time.perf_counter()
         step = self.learner.step
         parts = {
             "learner": self.learner.state_dict(),
@@ -73,11 +86,26 @@ class LearnerLoop:
             "buffer": self.step_buffer.state_dict(),
             "tracker": self.tracker.state_dict(),
         }
-        resume.save_run_state(self.run_dir, step, parts)
-        retention = self.learner.cfg.retention
-        in_play = {c.version for c in self.model_pool.active_checkpoints()}
-        resume.prune(self.run_dir / "checkpoints", "ckpt-", lambda k: k in in_play or retention.keeps(k, step))
-        resume.prune(self.run_dir / resume.STATE_DIR, "step-", lambda k: k == step or retention.keeps(k, step))
+        referenced = [c.version for c in self.model_pool.active_checkpoints()]
+        self.writer.submit(step, resume.snapshot(parts), referenced)
+        self._saved_at, self._saved_step = time.monotonic(), step
+        self._save_seconds += time.perf_counter() - start
+
+    def close(self) -> None:
+        """The run's end: save the state of the last step if it is not saved yet, and wait for the write."""
+        if self.learner.step > 0 and self._saved_step != self.learner.step:
+            self.save_state()
+        self.writer.wait()
+
+    def _prune(self, step: int) -> None:
+        """After state `step` is written: keep the newest `resume_state.keep_last` states, and the checkpoints
+        retention keeps or a kept state's pool plays (resuming from that state loads them)."""
+        keep_last = self.learner.cfg.resume_state.keep_last
+        states = resume.saved_steps(self.run_dir / resume.STATE_DIR, "step-")
+        kept = set(states[-keep_last:]) | {step}
+        resume.prune(self.run_dir / resume.STATE_DIR, "step-", lambda k: k in kept)
+        retention, referenced = self.learner.cfg.retention, resume.referenced_checkpoints(self.run_dir)
+        resume.prune(self.run_dir / "checkpoints", "ckpt-", lambda k: k in referenced or retention.keeps(k, step))
 
     def restore(self, state_dir: str) -> int:
         """Load a saved state (`resume.latest_state`) into the learner, pool, buffer and tracker; returns its step."""
@@ -86,6 +114,8 @@ class LearnerLoop:
         self.model_pool.load_state_dict(resume.load_part(directory, "pool"))
         self.step_buffer.load_state_dict(resume.load_part(directory, "buffer"))
         self.tracker.load_state_dict(resume.load_part(directory, "tracker"))
+        resume.discard_after(self.run_dir, self.learner.step)
+        self._saved_step = self.learner.step
         return self.learner.step
 
     def _wait_for_batch(self) -> tuple[list[Step], float, int]:

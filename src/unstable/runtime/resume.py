@@ -1,10 +1,14 @@
 """Resume state on disk: nested state as safetensors + JSON, written atomically, and the pointer to the latest.
 
 A run directory holds `state/step-<k>/` for each saved learner step `k` (one `<part>.safetensors` and one
-`<part>.json` per component: learner, pool, buffer, tracker) and `state/latest.json`, `{"step": k}`. Each state
+`<part>.json` per component: learner, pool, buffer, tracker, and `checkpoints.json`, the checkpoint steps the
+state's pool plays, which retention must not delete) and `state/latest.json`, `{"step": k}`. Each state
 directory is written as `step-<k>.tmp` and renamed into place, and the pointer is written to a temporary file
 and renamed, so a kill at any moment leaves the previous state whole. Nothing is pickled: tensors go to
 safetensors, everything else (dict keys of any JSON type, tuples, RNG states) to tagged JSON.
+
+`StateWriter` takes the writing off the learner's path: the caller's `snapshot` copies the state (tensors to
+CPU), a background thread writes it, one write at a time.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,9 +27,11 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from unstable.config import ConfigError
+from unstable.tracking import write_json_atomically
 
 STATE_DIR = "state"
 LATEST = "latest.json"
+REFERENCED = "checkpoints.json"
 PARTS = ("learner", "pool", "buffer", "tracker")
 # test hook: "<point>:<step>" pauses the learner at `point` ('state-write': the state is written to its temporary
 # directory but not yet renamed; 'after-log': the step's row is written but its state not yet) and touches
@@ -71,10 +78,25 @@ def _hashable(key: Any) -> Any:
     return tuple(_hashable(k) for k in key) if isinstance(key, (list, tuple)) else key
 
 
+Snapshot = dict[str, tuple[Any, dict[str, torch.Tensor]]]
+
+
+def snapshot(parts: dict[str, Any]) -> Snapshot:
+    """Each part encoded (`encode`): JSON-ready data and tensors copied to CPU, shared with no live object, so the
+    state may change while a thread writes the snapshot."""
+    encoded = {}
+    for name, state in parts.items():
+        tensors: dict[str, torch.Tensor] = {}
+        encoded[name] = (encode(state, tensors), tensors)
+    return encoded
+
+
 def save_part(state: Any, directory: Path, name: str) -> None:
     """Write `state` as `directory/name.safetensors` (its tensors) and `directory/name.json` (the rest)."""
-    tensors: dict[str, torch.Tensor] = {}
-    data = encode(state, tensors)
+    _write_part(*snapshot({name: state})[name], directory, name)
+
+
+def _write_part(data: Any, tensors: dict[str, torch.Tensor], directory: Path, name: str) -> None:
     save_file(tensors, directory / f"{name}.safetensors")
     (directory / f"{name}.json").write_text(json.dumps(data))
 
@@ -88,30 +110,82 @@ def load_part(directory: Path, name: str) -> Any:
         raise ResumeError(f"resume state {directory}/{name} is corrupt or missing: {exc}") from None
 
 
-def write_json_atomically(path: Path, data: Any) -> None:
-    """Write JSON to a temporary file, flush it to disk, rename it over `path`."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def save_run_state(run_dir: Path, step: int, parts: dict[str, Any], referenced: list[int] = ()) -> Path:
+    """Write `state/step-<step>/` atomically, then point `state/latest.json` at it; returns the directory.
+    `referenced`: the checkpoint steps the state's pool plays (see `referenced_checkpoints`)."""
+    return write_snapshot(run_dir, step, snapshot(parts), referenced)
 
 
-def save_run_state(run_dir: Path, step: int, parts: dict[str, Any]) -> Path:
-    """Write `state/step-<step>/` atomically, then point `state/latest.json` at it; returns the directory."""
+def write_snapshot(run_dir: Path, step: int, parts: Snapshot, referenced: list[int] = ()) -> Path:
+    """`save_run_state` of a `snapshot`."""
     final = run_dir / STATE_DIR / f"step-{step}"
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for name, state in parts.items():
-        save_part(state, tmp, name)
+    for name, (data, tensors) in parts.items():
+        _write_part(data, tensors, tmp, name)
+    (tmp / REFERENCED).write_text(json.dumps(sorted(referenced)))
     pause_for_test(run_dir, "state-write", step)
     if final.exists():  # a step redone after a kill replaces its unreferenced earlier copy
         shutil.rmtree(final)
     os.replace(tmp, final)
     write_json_atomically(run_dir / STATE_DIR / LATEST, {"step": step})
     return final
+
+
+def referenced_checkpoints(run_dir: Path) -> set[int]:
+    """The checkpoint steps that the pools of the saved states play: resuming from a state loads them."""
+    state_dir = run_dir / STATE_DIR
+    referenced: set[int] = set()
+    for k in saved_steps(state_dir, "step-"):
+        path = state_dir / f"step-{k}" / REFERENCED
+        if path.exists():
+            referenced.update(json.loads(path.read_text()))
+    return referenced
+
+
+def discard_after(run_dir: Path, step: int) -> list[int]:
+    """Delete the states newer than `step` and every half-written one (a resumed run at `step` redoes what they
+    held); returns the steps of the complete ones deleted."""
+    state_dir = run_dir / STATE_DIR
+    for tmp in state_dir.glob("step-*.tmp") if state_dir.exists() else ():
+        shutil.rmtree(tmp)
+    return prune(state_dir, "step-", lambda k: k <= step)
+
+
+class StateWriter:
+    """Writes resume states on a background thread, one at a time, then calls `after_write(step)` there (to
+    prune). A failed write raises at the next `submit` or `wait`, so a full disk stops the run loudly."""
+
+    def __init__(self, run_dir: Path, after_write: Callable[[int], None] = lambda step: None):
+        self.run_dir = run_dir
+        self.after_write = after_write
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, step: int, parts: Snapshot, referenced: list[int]) -> None:
+        """Wait for the write in flight, then start writing `parts` (a `snapshot`) as `state/step-<step>/`."""
+        self.wait()
+        self._thread = threading.Thread(
+            target=self._write, args=(step, parts, referenced), name=f"state-writer-{step}", daemon=True
+        )
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Block until no write is in flight; raise the error of a failed one."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"writing the resume state under {self.run_dir / STATE_DIR} failed: {error}") from error
+
+    def _write(self, step: int, parts: Snapshot, referenced: list[int]) -> None:
+        try:
+            write_snapshot(self.run_dir, step, parts, referenced)
+            self.after_write(step)
+        except Exception as exc:  # re-raised on the learner's thread by `wait`
+            self._error = exc
 
 
 def latest_state(run_dir: Path) -> tuple[int, Path] | None:
@@ -156,9 +230,11 @@ def prune(directory: Path, prefix: str, keep: Callable[[int], bool]) -> list[int
     return deleted
 
 
-def pause_for_test(run_dir: Path, point: str, step: int) -> None:
-    """The test hook of `PAUSE_ENV`: at the named point and step, touch the marker and wait to be killed."""
+def pause_for_test(run_dir: Path, point: str, step: int, before: Callable[[], None] = lambda: None) -> None:
+    """The test hook of `PAUSE_ENV`: at the named point and step, call `before`, touch the marker and wait to be
+    killed."""
     if os.environ.get(PAUSE_ENV) == f"{point}:{step}":
+        before()
         (run_dir / PAUSE_MARKER).touch()
         while True:
             time.sleep(1.0)

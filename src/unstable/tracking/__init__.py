@@ -3,7 +3,14 @@ reading a run's rows back."""
 
 from unstable.tracking.config import TrackerConfig
 from unstable.tracking.stats import WDL, wdl_summary, wilson_interval
-from unstable.tracking.tracker import Tracker, cannot_make, new_run_dir, summarize_game, truncate_metrics
+from unstable.tracking.tracker import (
+    Tracker,
+    cannot_make,
+    new_run_dir,
+    summarize_game,
+    truncate_metrics,
+    write_json_atomically,
+)
 
 __all__ = [
     "WDL",
@@ -15,4 +22,5 @@ __all__ = [
     "truncate_metrics",
     "wdl_summary",
     "wilson_interval",
+    "write_json_atomically",
 ]

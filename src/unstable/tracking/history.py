@@ -1,5 +1,10 @@
 """Reading a run back from its `metrics.jsonl`: every row, the rows appended since the last look, and one
-metric's values over learner steps. The dashboard and the report read runs only through these."""
+metric's values over learner steps. The dashboard and the report read runs only through these.
+
+The tables that grow with the run (`keys.TABLES`: the ladder, the match matrix) live beside the rows:
+`tables.jsonl` holds them every `tracker.tables_every` learner steps and `tables.json` the newest; reading merges
+each into the row of its step, so a row read back holds its tables where they were written (older runs wrote
+them into every row, which reads the same)."""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from typing import Any
 from unstable.tracking import keys
 
 METRICS_FILE = "metrics.jsonl"
+TABLES_FILE = "tables.jsonl"
+LATEST_TABLES_FILE = "tables.json"
 
 
 def find_latest_run(runs_dir: str | Path = "runs") -> Path:
@@ -37,20 +44,47 @@ def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:
 
 class RowFollower:
     """Follows a growing `metrics.jsonl`: each `poll()` returns the rows completed since the previous one (a
-    line still being written waits for its newline)."""
+    line still being written waits for its newline), with the tables of their steps merged in."""
 
     def __init__(self, run_dir: str | Path):
         self.path = metrics_path(run_dir)
-        self.offset = 0
+        self.rows = _LineFollower(self.path)
+        self.tables = _LineFollower(self.path.with_name(TABLES_FILE))
+        self.pending: dict[Any, dict[str, Any]] = {}  # tables read before their row (the Tracker writes them first)
 
     def poll(self) -> list[dict[str, Any]]:
         """The complete rows appended since the last call."""
+        rows = self.rows.poll()
+        self.pending |= {tables.pop(keys.STEP, None): tables for tables in self.tables.poll()}
+        latest = _latest_tables(self.path.with_name(LATEST_TABLES_FILE))
+        if rows and latest and latest.get(keys.STEP) == rows[-1].get(keys.STEP):
+            self.pending[latest.pop(keys.STEP, None)] = latest
+        for row in rows:
+            row.update(self.pending.pop(row.get(keys.STEP), {}))
+        return rows
+
+
+class _LineFollower:
+    """The complete JSON lines appended to a file since the last `poll` (none while it does not exist)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = 0
+
+    def poll(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             data = f.read()
         complete = data[: data.rfind(b"\n") + 1]
         self.offset += len(complete)
         return [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
+
+
+def _latest_tables(path: Path) -> dict[str, Any]:
+    """The newest tables (`LATEST_TABLES_FILE`, replaced atomically), empty before the first."""
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def learner_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -38,6 +38,9 @@ SKIPPED_UPDATES = "learner/skipped_updates"  # optimizer steps skipped in this u
 SKIPPED_UPDATES_TOTAL = "learner/skipped_updates_total"
 UPDATE_SECONDS = "learner/update_seconds"
 WAIT_SECONDS = "learner/wait_seconds"
+# seconds the previous step spent on its resume state on the learner's path (the snapshot, waiting for the write
+# before it); 0 for a step after one that saved none
+STATE_SAVE_SECONDS = "learner/state_save_seconds"
 TRAIN_TOKENS_PER_S = "learner/tokens_per_s"
 
 # collector: counts and throughput over the games finished since the previous row
@@ -95,6 +98,9 @@ POOL_ACTIVE_CHECKPOINTS = "pool/active_checkpoints"  # the newest max_active_lor
 # win_probability and match_quality are against the latest checkpoint, None unless both are ranked
 POOL_LADDER = "pool/ladder"
 POOL_MATCH_MATRIX = "pool/match_matrix"  # {agent: {opponent: {"games", "wins", "draws", "losses", "win_rate"}}}
+# tables that grow with the run's checkpoints and opponents: the Tracker writes them to their own files
+# (`tracking.history.TABLES_FILE`, `LATEST_TABLES_FILE`), never into a metrics row, so rows keep one size
+TABLES = (POOL_LADDER, POOL_MATCH_MATRIX)
 
 # running totals since the run started
 TOTAL_TRAIN_GAMES = "total/train_games"

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from unstable.records import GameRecord
 from unstable.tracking import keys
 from unstable.tracking.config import TrackerConfig
-from unstable.tracking.history import METRICS_FILE
+from unstable.tracking.history import LATEST_TABLES_FILE, METRICS_FILE, TABLES_FILE
 from unstable.tracking.stats import wdl_summary
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,19 @@ def new_run_dir(path: Path) -> Path:
     return candidate
 
 
+def write_json_atomically(path: Path, data: Any) -> None:
+    """Write JSON to a temporary file, flush it to disk, rename it over `path`."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def truncate_metrics(path: Path, step: int) -> int:
-    """Keep the rows of `path` up to and including the one of learner step `step`; returns the rows dropped.
+    """Keep the rows of `path` (`metrics.jsonl`, `tables.jsonl`) up to and including the last one of a learner step
+    up to `step`; returns the rows dropped.
 
     The rule of resume: rows after the last saved step belong to work the kill lost (the resumed run redoes
     it), and a torn last line is one of them, so the resumed run appends with no learner step twice or missing.
@@ -91,9 +102,10 @@ def truncate_metrics(path: Path, step: int) -> int:
             row = json.loads(line)
         except json.JSONDecodeError:
             break
-        if row.get(keys.STEP) == step:
-            kept = i + 1
+        if keys.STEP in row and row[keys.STEP] > step:
             break
+        if keys.STEP in row:
+            kept = i + 1
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(line + "\n" for line in lines[:kept]))
     os.replace(tmp, path)
@@ -161,6 +173,7 @@ class Tracker:
             row.update(source.metrics())
         row.update(self.totals)
         row.update({keys.FAILED_BY_CAUSE + cause: n for cause, n in self.failed_by_cause.items()})
+        self._write_tables(row)
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         for sink in self.sinks:
@@ -196,6 +209,20 @@ class Tracker:
     def latest(self) -> dict[str, Any]:
         """The last row written (empty before the first)."""
         return self._latest
+
+    def _write_tables(self, row: dict[str, Any]) -> None:
+        """Move the row's tables (`keys.TABLES`) to `tables.json`, and every `cfg.tables_every` learner steps also to
+        `tables.jsonl`: they grow with the run, the row keeps one size. Written before the row, so a reader that
+        sees the row finds its tables."""
+        tables = {key: row.pop(key) for key in keys.TABLES if key in row}
+        if not tables:
+            return
+        step = row.get(keys.STEP)
+        tables = ({keys.STEP: step} if step is not None else {}) | tables
+        if step is not None and step % self.cfg.tables_every == 0:
+            with open(self.run_dir / TABLES_FILE, "a") as f:
+                f.write(json.dumps(tables) + "\n")
+        write_json_atomically(self.run_dir / LATEST_TABLES_FILE, tables)
 
     def _row_aggregates(self, now: float) -> dict[str, float]:
         """Counts and throughput of the games finished since the previous row."""
