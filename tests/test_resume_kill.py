@@ -151,6 +151,15 @@ def test_killed_three_times_the_run_resumes_losing_and_repeating_nothing(tiny_mo
     seeds = _game_seeds(tmp_path)
     assert len(seeds) == len(set(seeds)), "a resumed session replayed the game seeds of an earlier one"
 
+    # killed in its final evaluation (every step's state saved, no final row): resumed, it evaluates again and ends
+    rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+    (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in rows[:-1]))
+    evaluated = _start(["--resume", str(run_dir)], None, tmp_path)
+    output = evaluated.communicate(timeout=300)[0].decode()
+    assert evaluated.returncode == 0, output[-3000:]
+    assert _steps(run_dir) == [0, 1, 2, 3, 4]
+    assert json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["final"] is True
+
     # a finished run resumed: it says so, exits 0 and writes nothing
     rows = (run_dir / "metrics.jsonl").read_text()
     again = _start(["--resume", str(run_dir)], None, tmp_path)

@@ -71,11 +71,13 @@ def run(
     ray.get(learner_ready)
     if start_step == 0:
         on_row(ray.get(t.tracker.log.remote({keys.STEP: 0})))  # row 0: the initial policy's evaluation
-    collecting = t.collector.collect.remote(cfg.collector.num_workers, cfg.collector.num_eval_workers)
-    for _ in range(start_step, cfg.learner.num_steps):
-        on_row(ray.get(t.learner.train.remote(1, stop_collection=False))[0])
-    ray.get(t.collector.stop.remote())
-    counts = ray.get(collecting)
+    counts = {"train": 0}
+    if start_step < cfg.learner.num_steps:  # a run killed in its final evaluation has no step left to collect for
+        collecting = t.collector.collect.remote(cfg.collector.num_workers, cfg.collector.num_eval_workers)
+        for _ in range(start_step, cfg.learner.num_steps):
+            on_row(ray.get(t.learner.train.remote(1, stop_collection=False))[0])
+        ray.get(t.collector.stop.remote())
+        counts = ray.get(collecting)
     eval_end = eval_table(ray.get(t.collector.evaluate.remote(cfg.evaluation.games_at_end)))
     ray.get(t.tracker.log.remote({"eval_start": eval_start, "eval_end": eval_end, "final": True}))
     ray.get(t.tracker.close.remote())
