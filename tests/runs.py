@@ -12,7 +12,7 @@ The tests of the paths users take (engine x fine-tuning x dtype x inference acto
 | Kuhn Poker, branched groups, 8 game threads | `test_branching`: every branch of a group sees the same deals |
 | vLLM, LoRA of rank 96, two inference actors, top_p 0.5 | `test_vllm_backend`: two learner steps |
 | vLLM, full fine-tuning | `test_vllm_backend`: no failed game, the new weights serve |
-| killed and resumed twice | `test_resume_kill` |
+| LoRA warm start, killed in it and twice in RL, resumed each time | `test_resume_kill` |
 | transformers, full fine-tuning, every weight load failing | `test_faults`: the run stops with the cause, status 1 |
 """
 

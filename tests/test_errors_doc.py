@@ -130,6 +130,24 @@ def _cli(*argv: str):
     return check
 
 
+def _resume_to_another_policy(tmp_path: Path) -> None:
+    _saved_run(tmp_path)
+    resume_training(tmp_path, [f"model.path={tmp_path}"])
+
+
+def _resume_below_the_saved_step(tmp_path: Path) -> None:
+    _saved_run(tmp_path)
+    resume_training(tmp_path, ["learner.num_steps=2"])
+
+
+def _resume_without_the_warm_start(tmp_path: Path) -> None:
+    adapter = tmp_path / "warm-start" / "checkpoints" / "ckpt-9"
+    adapter.mkdir(parents=True)
+    write_config(validate_config(_base() | {"learner": {"initial_lora_path": str(adapter)}}), tmp_path)
+    adapter.rmdir()
+    resume_training(tmp_path)
+
+
 CASES = [
     ("an unknown section", _with("learnr.num_steps=3"), "learnr"),
     ("an unknown field (a typo)", _with("learner.batch_sise=3"), "learner.batch_sise"),
@@ -175,6 +193,9 @@ CASES = [
     ("--resume of a directory that is no run", _resume_without_config, "--resume"),
     ("--resume with a corrupt checkpoint", _corrupt_checkpoint, "step-3/learner"),
     ("--resume with a corrupt latest.json", _corrupt_pointer, "latest.json"),
+    ("--resume with another starting policy", _resume_to_another_policy, "model.path"),
+    ("--resume with fewer steps than were done", _resume_below_the_saved_step, "learner.num_steps"),
+    ("--resume of a run whose warm start was deleted", _resume_without_the_warm_start, "warm-start"),
     ("an initial adapter for full fine-tuning", _full_finetuning_from_an_adapter, "initial_lora_path"),
     ("float16 autocast (no loss scaling)", _with("learner.autocast_dtype=float16"), "learner.autocast_dtype"),
     ("a config path that is a directory", _config_path_is_a_directory, "config.yaml"),

@@ -1,9 +1,11 @@
-"""A run survives `kill -9`: killed once mid-way through a state write and once between a row and its state,
-it resumes twice and ends with every learner step logged once, its checkpoints and ratings carried on, the
-restored weights equal to the saved ones bit for bit, and no game seed played twice."""
+"""A run survives `kill -9`: killed in its warm start, mid-way through a state write and between a row and its
+state, it resumes three times and ends with the warm start redone and used, every learner step logged once, its
+checkpoints and ratings carried on, the restored weights equal to the saved ones bit for bit, and no game seed
+played twice. Resumed once more it says it is finished and does nothing; with its warm start deleted it refuses."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,6 +13,7 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 from peft import get_peft_model_state_dict
 from safetensors.torch import load_file
 
@@ -34,7 +37,8 @@ def _overrides(tmp_path, model_dir) -> list[str]:
         model_dir,
         "killed",
         "learner.num_steps=4",
-        "warm_start=null",  # the example warm-starts by SFT; a kill test needs only RL steps
+        "warm_start.games=8",  # a warm start of a few updates, to be killed in
+        "warm_start.batch_size=8",
         "learner.lora={lora_rank: 4, lora_alpha: 8}",  # adapter checkpoints, as the weight check reads them
         "learner.resume_state.every_steps=1",  # a state per step, so each kill has one just behind it
     )
@@ -83,6 +87,15 @@ def _latest_step(run_dir: Path) -> int:
     return json.loads((run_dir / "state" / "latest.json").read_text())["step"]
 
 
+def _warm_start_checkpoint(run_dir: Path) -> str:
+    """The LoRA warm start the run's `config.yaml` starts RL from: one in `run_dir/warm-start/`, saved whole."""
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    path = config["learner"]["initial_lora_path"]
+    assert config["warm_start"] is None and path, "the run starts RL from no warm start"
+    assert Path(path).parent.parent == run_dir / "warm-start" and (Path(path) / "adapter_model.safetensors").exists()
+    return path
+
+
 def _restored_adapter(cfg, model_dir: str, run_dir: Path) -> dict[str, torch.Tensor]:
     """The weights a learner holds after `LearnerLoop.restore` of the latest state, as the adapter file names them."""
     learner = Learner(PolicyModel(model_dir, cfg.learner), cfg.learner.algorithm.build(), cfg.learner)
@@ -93,13 +106,18 @@ def _restored_adapter(cfg, model_dir: str, run_dir: Path) -> dict[str, torch.Ten
     return get_peft_model_state_dict(learner.policy.model)
 
 
-def test_kill_twice_and_resume_loses_and_repeats_nothing(tiny_model_dir, tmp_path):
+def test_killed_three_times_the_run_resumes_losing_and_repeating_nothing(tiny_model_dir, tmp_path):
     overrides = _overrides(tmp_path, tiny_model_dir)
     sets = [arg for o in overrides for arg in ("--set", o)]
     run_dir = tmp_path / "killed"
 
-    # kill 1: step 2's state is written to its temporary directory but not yet renamed into place
-    _kill_when_paused(_start([str(EXAMPLE), *sets], "state-write:2", tmp_path), run_dir)
+    # kill 0: in the warm start, after the first of its two SFT passes
+    _kill_when_paused(_start([str(EXAMPLE), *sets], "warm-start:1", tmp_path), run_dir)
+    assert not (run_dir / "metrics.jsonl").exists()
+
+    # kill 1: the warm start redone, step 2's state is written to its temporary directory but not yet renamed
+    _kill_when_paused(_start(["--resume", str(run_dir)], "state-write:2", tmp_path), run_dir)
+    warm = _warm_start_checkpoint(run_dir)
     assert _latest_step(run_dir) == 1 and (run_dir / "state" / "step-2.tmp").exists()
     # row 2 was written, its state not; the write is off the learner's path, so row 3 may follow before the kill
     assert _steps(run_dir)[:3] == [0, 1, 2]
@@ -124,6 +142,7 @@ def test_kill_twice_and_resume_loses_and_repeats_nothing(tiny_model_dir, tmp_pat
     assert all((run_dir / "checkpoints" / f"ckpt-{k}" / "adapter_model.safetensors").exists() for k in range(1, 5))
     pool = resume.load_part(run_dir / "state" / "step-4", "pool")
     assert [c["uid"] for c in pool["checkpoints"]] == ["ckpt--1", "ckpt-1", "ckpt-2", "ckpt-3", "ckpt-4"]
+    assert pool["checkpoints"][0]["path"] == warm  # RL started from the warm start
     assert pool["games_played"] >= pool_at_2["games_played"]
     assert set(pool_at_2["ratings"]) <= set(pool["ratings"])
     learner = resume.load_part(run_dir / "state" / "step-4", "learner")
@@ -133,3 +152,27 @@ def test_kill_twice_and_resume_loses_and_repeats_nothing(tiny_model_dir, tmp_pat
     assert all(torch.equal(weights[k], adapter[k]) for k in adapter)  # the state holds the served weights
     seeds = _game_seeds(tmp_path)
     assert len(seeds) == len(set(seeds)), "a resumed session replayed the game seeds of an earlier one"
+
+    # killed in its final evaluation (every step's state saved, no final row): resumed, it evaluates again and ends
+    rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+    (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in rows[:-1]))
+    evaluated = _start(["--resume", str(run_dir)], None, tmp_path)
+    output = evaluated.communicate(timeout=300)[0].decode()
+    assert evaluated.returncode == 0, output[-3000:]
+    assert _steps(run_dir) == [0, 1, 2, 3, 4]
+    assert json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["final"] is True
+
+    # a finished run resumed: it says so, exits 0 and writes nothing
+    rows = (run_dir / "metrics.jsonl").read_text()
+    again = _start(["--resume", str(run_dir)], None, tmp_path)
+    output = again.communicate(timeout=300)[0].decode()
+    assert again.returncode == 0 and "is finished" in output, output[-3000:]
+    assert (run_dir / "metrics.jsonl").read_text() == rows and _latest_step(run_dir) == 4
+
+    # its warm start deleted, a resume that would train on refuses in one line instead of starting elsewhere
+    shutil.rmtree(run_dir / "warm-start")
+    refused = _start(["--resume", str(run_dir), "--set", "learner.num_steps=5"], None, tmp_path)
+    output = refused.communicate(timeout=300)[0].decode()
+    last = output.strip().splitlines()[-1]
+    assert refused.returncode == 2 and last.startswith("error: ") and "warm-start" in last, output[-3000:]
+    assert (run_dir / "metrics.jsonl").read_text() == rows

@@ -68,6 +68,13 @@ def _format_eval(name: str, table: dict[str, Any]) -> str:
     )
 
 
+def _print_warm_epoch(row: dict[str, Any]) -> None:
+    print(
+        f"warm start epoch {row['epoch']}: loss {row['loss']:.4f} ({row['moves']} moves, {row['updates']} updates)",
+        flush=True,
+    )
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """`unstable train CONFIG` runs the whole loop and prints a summary; `unstable train --resume RUN_DIR`
     continues a run from its last saved state. A run that could not train prints why and exits with status 1."""
@@ -88,27 +95,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     def print_row(row: dict[str, Any]) -> None:
         print(format_progress(row, total), flush=True)
 
+    if cfg.warm_start is not None:  # a new run's, or a resumed one's killed before its warm start ended
+        ws = cfg.warm_start
+        print(
+            f"unstable: warm start, SFT on the moves of {' vs '.join(ws.agents)} in {ws.games} games, "
+            f"{ws.epochs} epochs",
+            flush=True,
+        )
     if args.resume:
         print(f"unstable: resuming {args.resume} up to {total} learner steps", flush=True)
-        summary = resume_training(args.resume, overrides, on_row=print_row)
+        summary = resume_training(args.resume, overrides, on_row=print_row, on_warm_start_epoch=_print_warm_epoch)
     else:
-        if cfg.warm_start is not None:
-            ws = cfg.warm_start
-            print(
-                f"unstable: warm start, SFT on the moves of {' vs '.join(ws.agents)} in {ws.games} games, "
-                f"{ws.epochs} epochs",
-                flush=True,
-            )
         print(f"unstable: training {cfg.run.name} for {total} learner steps", flush=True)
-        summary = train(
-            cfg,
-            on_row=print_row,
-            on_warm_start_epoch=lambda row: print(
-                f"warm start epoch {row['epoch']}: loss {row['loss']:.4f} ({row['moves']} moves, "
-                f"{row['updates']} updates)",
-                flush=True,
-            ),
-        )
+        summary = train(cfg, on_row=print_row, on_warm_start_epoch=_print_warm_epoch)
+    if summary.already_finished:
+        print(f"unstable: {summary.run_dir} is finished ({total} learner steps); raise learner.num_steps to go on")
     print("\n=== summary ===")
     print(
         f"  learner steps: {summary.learner_steps}   training games: {summary.train_games} "

@@ -8,9 +8,11 @@ the same actors the same way.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import reduce
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,11 @@ from unstable.records import GameRecord
 from unstable.runtime import resume
 from unstable.runtime.topology import Topology, build_topology, init_ray, resolve_model_path
 from unstable.tracking import cannot_make, keys, new_run_dir, truncate_metrics, wdl_summary
-from unstable.tracking.history import TABLES_FILE
+from unstable.tracking.history import TABLES_FILE, final_row, read_rows
+
+WARM_START_DIR = "warm-start"
+# the config fields that name the policy a run is on: a resumed run keeps them
+POLICY_FIELDS = ("model.path", "learner.lora", "learner.initial_lora_path", "warm_start")
 
 
 @dataclass
@@ -40,6 +46,7 @@ class RunSummary:
     warm_start_checkpoint: str | None = None
     train_failed: int = 0
     stopped: str | None = None
+    already_finished: bool = False  # `--resume` of a run that had ended: nothing was run
 
 
 def eval_table(records: list[GameRecord]) -> dict[str, Any]:
@@ -74,17 +81,18 @@ def run(
     ray.get(learner_ready)
     if start_step == 0:
         on_row(ray.get(t.tracker.log.remote({keys.STEP: 0})))  # row 0: the initial policy's evaluation
-    collecting = t.collector.collect.remote(cfg.collector.num_workers, cfg.collector.num_eval_workers)
-    step, stopped, eval_end = start_step, None, {}
-    try:
-        while step < cfg.learner.num_steps:
-            on_row(ray.get(t.learner.train.remote(1, stop_collection=False))[0])
-            step += 1
-    except RunStopped as exc:
-        stopped = exc.reason
+    counts, step, stopped, eval_end = {"train": 0, "train_failed": 0}, start_step, None, {}
+    if start_step < cfg.learner.num_steps:  # a run killed in its final evaluation has no step left to collect for
+        collecting = t.collector.collect.remote(cfg.collector.num_workers, cfg.collector.num_eval_workers)
+        try:
+            while step < cfg.learner.num_steps:
+                on_row(ray.get(t.learner.train.remote(1, stop_collection=False))[0])
+                step += 1
+        except RunStopped as exc:
+            stopped = exc.reason
+        ray.get(t.collector.stop.remote())
+        counts = ray.get(collecting)
     ray.get(t.learner.close.remote())  # the last state written
-    ray.get(t.collector.stop.remote())
-    counts = ray.get(collecting)
     if stopped is None:
         eval_end = eval_table(ray.get(t.collector.evaluate.remote(cfg.evaluation.games_at_end)))
         stopped = _unable_to_play(eval_end)
@@ -140,10 +148,10 @@ def warm_start(
         model,
         steps,
         sft_cfg,
-        out_dir=str(run_dir / "warm-start"),
+        out_dir=str(run_dir / WARM_START_DIR),
         epochs=ws.epochs,
         seed=cfg.run.seed,
-        on_epoch=lambda row: on_epoch(row | {"moves": len(steps)}),
+        on_epoch=lambda row: _after_epoch(row | {"moves": len(steps)}, run_dir, on_epoch),
     )
     if cfg.learner.lora is None:
         model_cfg = cfg.model.model_copy(update={"path": checkpoint, "build_tiny_if_missing": False})
@@ -151,51 +159,127 @@ def warm_start(
     return cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"initial_lora_path": checkpoint})})
 
 
+def _after_epoch(row: dict[str, Any], run_dir: Path, on_epoch: Callable[[dict[str, Any]], None]) -> None:
+    on_epoch(row)
+    resume.pause_for_test(run_dir, "warm-start", row["epoch"])
+
+
 def train(
     cfg: RunConfig,
     on_row: Callable[[dict[str, Any]], None] = lambda row: None,
     on_warm_start_epoch: Callable[[dict[str, Any]], None] = lambda row: None,
 ) -> RunSummary:
-    """The whole run: a fresh run directory with the config, the warm start if configured (`warm_start`), then
-    the topology on Ray, `run`, and shutdown. After a warm start the run's `config.yaml` names its checkpoint as
-    the starting point (and no warm start), so `--resume` continues from it."""
+    """The whole run, one resumable job: a fresh run directory with the config, then `_job` (the warm start if
+    configured, the topology on Ray, `run`, shutdown)."""
     check_run_dir(cfg)
     check_resources(cfg)
     run_dir = new_run_dir(cfg.run.path)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_config(cfg, run_dir)
-    start = time.time()
-    warm_checkpoint = None
-    if cfg.warm_start is not None:
-        cfg = warm_start(cfg, run_dir, on_warm_start_epoch).model_copy(update={"warm_start": None})
-        warm_checkpoint = cfg.model.path if cfg.learner.lora is None else cfg.learner.initial_lora_path
-        write_config(cfg, run_dir)
-    summary = _run_on_ray(cfg, run_dir, on_row, None)
-    summary.warm_start_checkpoint = warm_checkpoint
-    summary.wall_seconds = time.time() - start
-    return summary
+    return _job(cfg, run_dir, on_row, on_warm_start_epoch, None)
 
 
 def resume_training(
-    run_dir: str | Path, overrides: list[str] | None = None, on_row: Callable[[dict[str, Any]], None] = lambda row: None
+    run_dir: str | Path,
+    overrides: list[str] | None = None,
+    on_row: Callable[[dict[str, Any]], None] = lambda row: None,
+    on_warm_start_epoch: Callable[[dict[str, Any]], None] = lambda row: None,
 ) -> RunSummary:
-    """Continue the run in `run_dir` from its last complete saved state (see `runtime.resume`), with its own
-    `config.yaml` plus `overrides` (e.g. a larger `learner.num_steps`).
+    """Continue the run in `run_dir` from wherever it stopped, with its own `config.yaml` plus `overrides` (e.g. a
+    larger `learner.num_steps`; none that changes the policy the run is on).
 
-    `metrics.jsonl` keeps its rows up to the saved step and the resumed run appends from the next, so no learner
-    step is logged twice or missing. With no state saved yet the run starts over in the same directory. A bad
-    directory or corrupt state raises ResumeError here, before Ray starts.
+    A run killed before its warm start ended redoes it; one killed later goes on from its last complete saved
+    state (see `runtime.resume`), or from its warm start when none was saved yet. `metrics.jsonl` keeps its rows
+    up to the saved step and the resumed run appends from the next, so no learner step is logged twice or
+    missing. A finished run is left as it is (its summary has `already_finished`). A bad directory, corrupt
+    state or changed policy raises ResumeError here, before Ray starts.
     """
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").exists():
         raise resume.ResumeError(f"--resume {run_dir}: not a run directory (no config.yaml)")
     cfg = load_config(run_dir / "config.yaml", overrides)
+    _check_same_policy(load_config(run_dir / "config.yaml"), cfg)
     check_resources(cfg)
     point = resume.latest_state(run_dir)
+    finished = _finished_summary(cfg, run_dir, point)
+    if finished is not None:
+        return finished
     for rows in ("metrics.jsonl", TABLES_FILE):
         truncate_metrics(run_dir / rows, point[0] if point else -1)
     write_config(cfg, run_dir)
-    return _run_on_ray(cfg, run_dir, on_row, point)
+    return _job(cfg, run_dir, on_row, on_warm_start_epoch, point)
+
+
+def _job(
+    cfg: RunConfig,
+    run_dir: Path,
+    on_row: Callable[[dict[str, Any]], None],
+    on_warm_start_epoch: Callable[[dict[str, Any]], None],
+    point: tuple[int, Path] | None,
+) -> RunSummary:
+    """The one way into a run, new or resumed: the warm start while the config still has one, then RL on Ray from
+    the saved state `point` (None: from the start)."""
+    start = time.time()
+    if cfg.warm_start is not None:
+        cfg = _warm_start_once(cfg, run_dir, on_warm_start_epoch)
+    summary = _run_on_ray(cfg, run_dir, on_row, point)
+    summary.warm_start_checkpoint = _warm_start_checkpoint(cfg, run_dir)
+    summary.wall_seconds = time.time() - start
+    return summary
+
+
+def _warm_start_once(cfg: RunConfig, run_dir: Path, on_epoch: Callable[[dict[str, Any]], None]) -> RunConfig:
+    """Run the warm start from scratch (what a killed one left is discarded; the redo is the same, seeded by the
+    run's seed), then mark it done by rewriting `config.yaml`, atomically, to start RL from its checkpoint with no
+    warm start: until that rename a kill leaves a run that warm-starts again, after it one that never does."""
+    shutil.rmtree(run_dir / WARM_START_DIR, ignore_errors=True)
+    cfg = warm_start(cfg, run_dir, on_epoch).model_copy(update={"warm_start": None})
+    write_config(cfg, run_dir)
+    return cfg
+
+
+def _warm_start_checkpoint(cfg: RunConfig, run_dir: Path) -> str | None:
+    """The run's own warm-start checkpoint (in `run_dir/warm-start/`) that RL starts from, None when it has none."""
+    path = cfg.model.path if cfg.learner.lora is None else cfg.learner.initial_lora_path
+    inside = path is not None and Path(path).resolve().is_relative_to((run_dir / WARM_START_DIR).resolve())
+    return path if inside else None
+
+
+def _check_same_policy(saved: RunConfig, cfg: RunConfig) -> None:
+    """Refuse overrides that would resume from a policy other than the one the run is on."""
+    for name in POLICY_FIELDS:
+        before, after = (reduce(getattr, name.split("."), c) for c in (saved, cfg))
+        if before != after:
+            raise resume.ResumeError(
+                f"--set {name}: a resumed run goes on from the policy it was on ({name} = {before!r}), "
+                f"not {after!r}; start a new run instead"
+            )
+
+
+def _finished_summary(cfg: RunConfig, run_dir: Path, point: tuple[int, Path] | None) -> RunSummary | None:
+    """The summary of a run that already ended at `cfg.learner.num_steps` (its final row written), else None;
+    refuses a `num_steps` below the saved step, which would end the run at a policy it has left."""
+    if point is None:
+        return None
+    total = cfg.learner.num_steps
+    if point[0] > total:
+        raise resume.ResumeError(
+            f"learner.num_steps = {total}: the run in {run_dir} is at learner step {point[0]} already; "
+            f"give {point[0]} or more"
+        )
+    metrics = run_dir / "metrics.jsonl"
+    final = final_row(read_rows(run_dir)) if point[0] == total and metrics.exists() else {}
+    if not final:
+        return None
+    return RunSummary(
+        str(run_dir),
+        total,
+        final.get(keys.TOTAL_TRAIN_GAMES, 0),
+        final["eval_start"],
+        final["eval_end"],
+        warm_start_checkpoint=_warm_start_checkpoint(cfg, run_dir),
+        already_finished=True,
+    )
 
 
 def write_config(cfg: RunConfig, run_dir: Path) -> None:

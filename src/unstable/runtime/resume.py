@@ -33,9 +33,10 @@ STATE_DIR = "state"
 LATEST = "latest.json"
 REFERENCED = "checkpoints.json"
 PARTS = ("learner", "pool", "buffer", "tracker")
-# test hook: "<point>:<step>" pauses the learner at `point` ('state-write': the state is written to its temporary
-# directory but not yet renamed; 'after-log': the step's row is written but its state not yet) and touches
-# `<run_dir>/.paused`, so a test can kill the process there
+# test hook: "<point>:<step>" pauses the run at `point` ('warm-start': the warm start's SFT pass `step` is done, its
+# checkpoint not yet saved; 'state-write': the state is written to its temporary directory but not yet renamed;
+# 'after-log': the step's row is written but its state not yet) and touches `<run_dir>/.paused`, so a test can
+# kill the process there
 PAUSE_ENV = "UNSTABLE_TEST_PAUSE_AT"
 PAUSE_MARKER = ".paused"
 
