@@ -51,7 +51,9 @@ class RetentionConfig(Settings):
     """Which learner steps keep their checkpoint; the pool's active checkpoints (in play as opponents) and those a
     kept resume state's pool names are always kept."""
 
-    keep_last: int | None = Field(None, ge=1, description="the newest steps kept (None: keep every step)")
+    keep_last: int | None = Field(
+        5, ge=1, description="the newest steps kept (None: keep every step, a disk cost that grows with the run)"
+    )
     keep_every: int | None = Field(None, ge=1, description="also keep every step divisible by this")
     keep_steps: list[int] = Field([], description="also keep these steps")
 
