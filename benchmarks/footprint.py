@@ -155,7 +155,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     model_dir = str(ensure_tiny_model(ROOT / ".cache" / "tiny-qwen3"))
-    results: dict[str, Any] = {"steps": args.steps, "model": model_dir}
+    results: dict[str, Any] = {"steps": args.steps, "model": str(Path(model_dir).relative_to(ROOT))}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):  # alternating modes, so a busy spell of the shared machine hits each
             for lora in (True, False):
