@@ -36,6 +36,11 @@ from unstable.tracking.sinks import make_sinks
 
 log = logging.getLogger(__name__)
 
+# Every shell's options. Ray's GCS keeps an event record (~3.5 KB) of every actor call, up to 100,000 of them: a
+# run's thousands of calls per learner step (each generation, each step pushed) would hold hundreds of MB there
+# and grow its memory for days. Nothing here reads those records (the Ray dashboard's task list would).
+SHELL = {"num_cpus": 0, "enable_task_events": False}
+
 
 def log_to_run_dir(run_dir: str | Path, component: str) -> None:
     """Also write this process's `unstable` log records (warnings and errors: failed games, API retries, ...)
@@ -60,7 +65,7 @@ def _register_source(tracker) -> None:
         ray.get(tracker.add_source.remote(RemoteProxy(me)))
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(**SHELL)
 class TrackerActor(Tracker):
     """The seed's `Tracker(run_name, wandb_project)`: a run directory `runs_dir/run_name` (the next free
     `-2`, `-3`, ... when taken) or `run_dir` as given. The YAML path passes its `cfg` (a TrackerConfig);
@@ -84,7 +89,7 @@ class TrackerActor(Tracker):
         log_to_run_dir(directory, "tracker")
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(**SHELL)
 class StepBufferActor(StepBuffer):
     """The seed's `StepBuffer(max_buffer_size, tracker, final/step/sampling_reward_transformation)`."""
 
@@ -110,7 +115,7 @@ class StepBufferActor(StepBuffer):
         _log_with(tracker, "step_buffer")
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(**SHELL)
 class ModelPoolActor(ModelPool):
     """The seed's `ModelPool(sample_mode=..., max_active_lora=..., tracker=...)`: every `PoolConfig` field by
     keyword (its defaults when left out)."""
@@ -139,7 +144,7 @@ def inference_from_vllm_config(vllm_config: dict[str, Any]) -> tuple[str, Infere
     return model, InferenceConfig(**settings)
 
 
-@ray.remote(num_cpus=0, max_concurrency=8)
+@ray.remote(**SHELL, max_concurrency=8)
 class CollectorActor(Collector):
     """The seed's `Collector(num_actors, step_buffer, model_pool, tracker, vllm_config, training_envs,
     evaluation_envs, evaluation_opponent)`: it starts `num_actors` inference servers itself.
@@ -196,7 +201,7 @@ class CollectorActor(Collector):
         ray.get(tracker.add_source.remote(client))
 
 
-@ray.remote(num_cpus=0, max_concurrency=4096)
+@ray.remote(**SHELL, max_concurrency=4096)
 class InferenceServerActor(InferenceServer):
     """An inference server Ray restarts (up to `InferenceConfig.max_restarts` times) when its process dies.
 
@@ -295,7 +300,7 @@ def learner_config_from_seed(
     )
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(**SHELL)
 class LearnerActor(LearnerLoop):
     """The seed's `StandardLearner(model_name, step_buffer, model_pool, tracker, algorithm, batch_size, ...)`.
 
