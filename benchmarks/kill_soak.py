@@ -6,8 +6,11 @@ reference, which also times each phase), then again, killing each session's proc
 a planned phase (`PLAN`: the warm start, the Ray start and initial evaluation, RL, the final evaluation) and
 resuming with `unstable train --resume`, until the run finishes; then resumes the finished run once more. Checks:
 the run finishes, every learner step is in `metrics.jsonl` once, the redone warm start is the reference's bit for
-bit, the finished run's resume does nothing, and the final evaluation is within noise of the reference's (Wilson
-95% intervals overlap; two-proportion z-test). Writes the JSON to `--out` and prints a table of the kills.
+bit, the finished run's resume does nothing, and the final evaluation is within noise of the unkilled runs'.
+Noise: two unkilled runs of one seed differ too (the games run concurrently, so which steps make each batch
+varies), so `--references` unkilled runs (default 2) are made; the killed run's final win rate is within noise when
+a two-proportion z-test against the references' pooled games gives p >= 0.05, and the references' own p (one
+against the other) says how far apart two unkilled runs land. Writes the JSON to `--out` and prints a table.
 
 Run on demand (never from tests); the machine's load only changes the timings:
 
@@ -248,7 +251,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-games", type=int, default=200, help="evaluation games at the start and the end")
     parser.add_argument("--warm-games", type=int, default=50, help="warm-start games")
     parser.add_argument("--seed", type=int, default=0, help="the run's seed (also draws the kill moments)")
-    parser.add_argument("--runs-dir", default="runs/kill-soak", help="where the two runs go (emptied first)")
+    parser.add_argument("--references", type=int, default=2, help="unkilled runs of the same seed (>= 2: noise)")
+    parser.add_argument("--runs-dir", default="runs/kill-soak", help="where the runs go (emptied first)")
     parser.add_argument("--out", default="benchmarks/results/kill_soak.json")
     return parser.parse_args(argv)
 
@@ -279,8 +283,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     shutil.rmtree(runs, ignore_errors=True)
     epochs = yaml.safe_load(EXAMPLE.read_text())["warm_start"]["epochs"]
     start = time.time()
-    ref = run_reference([str(EXAMPLE), *overrides(a, "reference")], epochs, a.steps)
-    print(f"reference: {ref['wall_s']:.0f}s, phases {ref['phase_s']}", flush=True)
+    names = ["reference"] + [f"reference-{i}" for i in range(2, a.references + 1)]
+    references = [run_reference([str(EXAMPLE), *overrides(a, name)], epochs, a.steps) for name in names]
+    ref = references[0]
+    for name, r in zip(names, references):
+        print(f"{name}: {r['wall_s']:.0f}s, phases {r['phase_s']}", flush=True)
 
     killed_dir, kills = runs / "killed", []
     args = [str(EXAMPLE), *overrides(a, "killed")]
@@ -310,9 +317,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     again_rc = again.wait()
 
     steps = [r[keys.STEP] for r in _rows(killed_dir) if keys.STEP in r]
-    end_ref, end_killed = final_eval(runs / "reference"), final_eval(killed_dir)
-    p = two_proportion_p(end_ref["wins"], end_ref["games"], end_killed["wins"], end_killed["games"])
-    overlap = end_ref["ci"][0] <= end_killed["ci"][1] and end_killed["ci"][0] <= end_ref["ci"][1]
+    ends, end_killed = [final_eval(runs / name) for name in names], final_eval(killed_dir)
+    pooled = {"wins": sum(e["wins"] for e in ends), "games": sum(e["games"] for e in ends)}
+    p = two_proportion_p(pooled["wins"], pooled["games"], end_killed["wins"], end_killed["games"])
+    p_references = two_proportion_p(ends[0]["wins"], ends[0]["games"], ends[-1]["wins"], ends[-1]["games"])
     checks = {
         "finished": finished_rc == 0 and _rows(killed_dir)[-1].get("final") is True,
         "every_step_logged_once": steps == list(range(a.steps + 1)),
@@ -320,16 +328,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "finished_resume_does_nothing": again_rc == 0
         and "is finished" in again.output()
         and (killed_dir / "metrics.jsonl").read_text() == rows_before,
-        "final_eval_intervals_overlap": overlap,
+        "final_eval_within_noise": p >= 0.05,
         "kills": len(kills) >= 10,
         "phases_hit": sorted({k["phase"] for k in kills}) == sorted(PHASES),
     }
     result = {
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
         "settings": vars(a) | {"plan": PLAN},
-        "reference": ref,
+        "references": references,
         "kills": kills,
-        "final_eval": {"reference": end_ref, "killed": end_killed, "two_proportion_p": p, "ci_overlap": overlap},
+        "final_eval": {
+            "references": ends,
+            "killed": end_killed,
+            "p_killed_vs_references": p,
+            "p_between_references": p_references if len(ends) > 1 else None,
+        },
         "checks": checks,
         "wall_seconds": time.time() - start,
     }
@@ -346,12 +359,16 @@ def table(result: dict[str, Any]) -> str:
     for i, k in enumerate(result["kills"], 1):
         lines.append(f"{i:>2}  {k['planned']:<13}{k['phase']:<13}{k['after_s']:>6.1f}s  {k['stopped_at']}")
     ev = result["final_eval"]
-    for name in ("reference", "killed"):
-        e = ev[name]
+    named = [(f"reference {i}", e) for i, e in enumerate(ev["references"], 1)] + [("killed", ev["killed"])]
+    for name, e in named:
         lines.append(
-            f"final eval {name:<9}: win {e['win_rate']:.3f} [{e['ci'][0]:.3f}, {e['ci'][1]:.3f}] of {e['games']}"
+            f"final eval {name:<11}: win {e['win_rate']:.3f} [{e['ci'][0]:.3f}, {e['ci'][1]:.3f}] of {e['games']}"
         )
-    lines.append(f"two-proportion p = {ev['two_proportion_p']:.3f}; intervals overlap: {ev['ci_overlap']}")
+    between = ev["p_between_references"]
+    lines.append(
+        f"two-proportion p: killed vs the references pooled {ev['p_killed_vs_references']:.3f}"
+        + (f", reference 1 vs {len(ev['references'])} {between:.3f}" if between is not None else "")
+    )
     lines += [f"{'PASS' if ok else 'FAIL'}  {name}" for name, ok in result["checks"].items()]
     lines.append(f"wall: {result['wall_seconds']:.0f}s")
     return "\n".join(lines)
