@@ -12,8 +12,8 @@ from unstable.settings import Settings, check_registered
 class TransformConfig(Settings):
     """A reward transform by registry name (`unstable.rewards.TRANSFORMS`) with its keyword arguments."""
 
-    name: str
-    args: dict[str, Any] = {}
+    name: str = Field(description="a name in `unstable.rewards.TRANSFORMS`")
+    args: dict[str, Any] = Field({}, description="keyword arguments of its constructor")
 
     @field_validator("name")
     @classmethod
@@ -40,9 +40,13 @@ class BufferConfig(Settings):
     discount: float = Field(
         1.0, gt=0.0, le=1.0, description="a step's final reward times discount ** (its player's later decisions)"
     )
-    final_reward_transforms: list[TransformConfig] = [TransformConfig(name="WinDrawLossFormatter")]
-    step_reward_transforms: list[TransformConfig] = []
-    sampling_reward_transforms: list[TransformConfig] = []
+    final_reward_transforms: list[TransformConfig] = Field(
+        [TransformConfig(name="WinDrawLossFormatter")], description="map a finished game's rewards per player"
+    )
+    step_reward_transforms: list[TransformConfig] = Field([], description="map each step once its game ended")
+    sampling_reward_transforms: list[TransformConfig] = Field(
+        [], description="map a batch just before the learner gets it"
+    )
 
     def transform_stages(self) -> dict[str, Any]:
         """The StepBuffer's `*_reward_transformation` arguments built from the registry (an empty stage: None)."""

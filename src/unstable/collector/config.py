@@ -22,9 +22,9 @@ class EnvSpecConfig(Settings):
     """One game: TextArena env id, player count, prompt template. YAML may also give `[id, players, template]`,
     and code an `EnvSpec` record."""
 
-    env_id: str
-    num_players: int = Field(2, ge=1)
-    prompt_template: str = "qwen3-zs"
+    env_id: str = Field(description="a TextArena env id (`unstable envs` lists them)")
+    num_players: int = Field(2, ge=1, description="players per game")
+    prompt_template: str = Field("qwen3-zs", description="how an observation becomes a prompt (`games.templates`)")
 
     @model_validator(mode="before")
     @classmethod

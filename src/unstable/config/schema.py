@@ -28,9 +28,9 @@ from unstable.tracking.config import TrackerConfig
 class RunSection(Settings):
     """Where the run lives and how it is seeded."""
 
-    name: str = "run"
-    dir: str = "runs"
-    seed: int = 0
+    name: str = Field("run", description="the run directory's name under `dir` (taken: `NAME-2`, `NAME-3`, ...)")
+    dir: str = Field("runs", description="the folder that holds run directories")
+    seed: int = Field(0, description="seeds the warm start, the games and the inference actors' sampling")
     num_cpus: int | None = Field(None, ge=1, description="CPUs Ray may use (None: all)")
 
     @property
@@ -85,9 +85,11 @@ def check_model_path(value: str, build_tiny: bool = False) -> str:
 class ModelConfig(Settings):
     """The base model: a local directory or hub id; `build_tiny_if_missing` builds the tiny test model there."""
 
-    build_tiny_if_missing: bool = False
-    path: str
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    build_tiny_if_missing: bool = Field(False, description="build the tiny test model at `path` if it is not there")
+    path: str = Field(description="a local model directory or a hub id 'org/name'")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="dtype of the inference engines and of a frozen LoRA base (trained weights stay float32)"
+    )
 
     @field_validator("path")
     @classmethod

@@ -11,8 +11,8 @@ from unstable.settings import MAX_THREADS, Settings, check_registered
 class InferenceConfig(Settings):
     """The inference engine (`backend`, one of `inference.BACKENDS`), its sampling and its batching."""
 
-    backend: str = "transformers"
-    max_new_tokens: int = Field(64, ge=1)
+    backend: str = Field("transformers", description="the engine, one of `inference.BACKENDS`")
+    max_new_tokens: int = Field(64, ge=1, description="most tokens generated per move")
     temperature: float = Field(1.0, ge=0.0, description="0: greedy")
     top_p: float = Field(
         1.0, gt=0.0, le=1.0, description="nucleus sampling (1: off); log-probs are the cut, renormalised distribution's"
@@ -20,7 +20,9 @@ class InferenceConfig(Settings):
     max_batch_size: int = Field(64, ge=1, description="requests per forward pass (transformers backend)")
     batch_wait_ms: float = Field(5.0, ge=0.0, description="how long a batch waits for more requests")
     max_loras: int = Field(4, ge=1, description="LoRA adapters resident at once")
-    max_model_len: int = Field(4096, ge=16)
+    max_model_len: int = Field(
+        4096, ge=16, description="context length: a prompt must leave room for max_new_tokens in it"
+    )
     prefix_cache_tokens: int = Field(
         8192, ge=0, description="prompt-prefix KV cache of the transformers engine, in tokens (0: off)"
     )

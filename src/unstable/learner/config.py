@@ -13,17 +13,20 @@ from unstable.settings import MAX_THREADS, Settings, check_registered
 class LoraConfig(Settings):
     """LoRA adapter shape (the seed's `lora_cfg` keys)."""
 
-    lora_rank: int = Field(16, ge=1)
-    lora_alpha: float = Field(32, gt=0)
-    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    lora_rank: int = Field(16, ge=1, description="rank r of each adapter")
+    lora_alpha: float = Field(32, gt=0, description="the update is scaled by lora_alpha / lora_rank")
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapters' input")
+    target_modules: list[str] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="names of the modules that get an adapter",
+    )
 
 
 class AlgorithmConfig(Settings):
     """The learning algorithm by registry name (`unstable.algorithms.ALGORITHMS`) and its keyword arguments."""
 
-    name: str = "reinforce"
-    args: dict[str, Any] = {}
+    name: str = Field("reinforce", description="one of `unstable.algorithms.ALGORITHMS`")
+    args: dict[str, Any] = Field({}, description="keyword arguments of its constructor")
 
     @field_validator("name")
     @classmethod
@@ -101,7 +104,7 @@ class WarmStartConfig(Settings):
     )
     epochs: int = Field(2, ge=1, description="shuffled passes over the moves")
     batch_size: int = Field(16, ge=1, description="moves per SFT update")
-    learning_rate: float = Field(1e-3, gt=0.0)
+    learning_rate: float = Field(1e-3, gt=0.0, description="the SFT updates' learning rate")
 
     @field_validator("agents")
     @classmethod
@@ -120,7 +123,7 @@ class LearnerConfig(Settings):
     batch_size: int = Field(32, ge=1, description="steps per update")
     mini_batch_size: int | None = Field(None, ge=1, description="most rows in one micro-batch (None: no limit)")
     micro_batch_tokens: int = Field(8192, ge=1, description="padded tokens per micro-batch")
-    learning_rate: float = Field(1e-5, gt=0.0)
+    learning_rate: float = Field(1e-5, gt=0.0, description="AdamW's peak learning rate")
     lr_schedule: str = Field(
         "constant", description="learning-rate schedule over num_steps (learner.schedule.LR_SCHEDULES)"
     )
@@ -133,7 +136,7 @@ class LearnerConfig(Settings):
     logit_chunk_tokens: int = Field(
         4096, ge=1, description="completion tokens whose vocabulary logits are materialised at once"
     )
-    lora: LoraConfig | None = LoraConfig()
+    lora: LoraConfig | None = Field(LoraConfig(), description="train a LoRA adapter (null: every weight)")
     initial_lora_path: str | None = Field(
         None, description="start from this LoRA adapter, also the KL reference (a full model is `model.path`)"
     )

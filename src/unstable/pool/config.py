@@ -13,14 +13,14 @@ from unstable.settings import Settings, check_registered
 class PoolConfig(Settings):
     """Opponent sampling (`sample_mode`, one of `pool.SAMPLE_MODES`) and ratings (`pool.RATING_BACKENDS`)."""
 
-    sample_mode: str = "mirror"
+    sample_mode: str = Field("mirror", description="how opponents are drawn, one of `pool.SAMPLE_MODES`")
     fixed_opponents: list[OpponentName] = Field(
         [], description="training opponents besides checkpoints: scripted agents, checkpoint directories, API models"
     )
     max_active_lora: int = Field(3, ge=1, description="newest checkpoints that may be sampled as opponents")
     lag: int = Field(1, ge=1, description="sample_mode 'lagged': checkpoints before the latest to draw from")
     beta: float = Field(4.0, gt=0, description="rating performance noise; also the scale of 'ts-dist'")
-    rating_backend: str = "trueskill"
+    rating_backend: str = Field("trueskill", description="one of `pool.ratings.RATING_BACKENDS`")
     rating_anchor: str | None = Field(
         None,
         description="a fixed opponent whose rating is never updated: the others are measured against a fixed "

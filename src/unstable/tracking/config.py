@@ -28,4 +28,4 @@ class TrackerConfig(Settings):
         description="W&B mode; 'auto': online when WANDB_API_KEY is set, offline otherwise, skipped (with a "
         "warning) when wandb is not installed; 'disabled' turns W&B off",
     )
-    wandb_project: str = "unstable-baselines"
+    wandb_project: str = Field("unstable-baselines", description="the W&B project rows go to")
