@@ -1,0 +1,47 @@
+"""Every relative link in the README, the guide (`docs/`) and the experiment log resolves: to a file or folder of
+the repository, and, with a `#fragment`, to a heading of that Markdown file (GitHub's anchor for it)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "experiments").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _outside_fences(text: str) -> str:
+    """The text without fenced code blocks, whose '#' lines are not headings."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def _outside_code(text: str) -> str:
+    """The text without code, fenced or inline, where brackets are not links."""
+    return re.sub(r"`[^`\n]*`", "", _outside_fences(text))
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors of every heading of a Markdown page."""
+    headings = re.findall(r"^#+ (.+)$", _outside_fences(page.read_text()), flags=re.M)
+    return {anchor(heading) for heading in headings}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_relative_links_resolve(page):
+    broken = []
+    for target in LINK.findall(_outside_code(page.read_text())):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, fragment = target.partition("#")
+        resolved = (page.parent / path).resolve() if path else page
+        if not resolved.exists():
+            broken.append(f"{target}: no such file")
+        elif fragment and resolved.suffix == ".md" and fragment not in anchors(resolved):
+            broken.append(f"{target}: no heading with that anchor")
+    assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
