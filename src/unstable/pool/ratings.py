@@ -60,6 +60,12 @@ class RatingSystem:
         """Overwrite a rating."""
         self.ratings[agent_id] = rating
 
+    def forget(self, agent_id: str) -> None:
+        """Drop the rating of `agent_id` (an anchor never: it is the scale's zero point)."""
+        if agent_id in self.anchors:
+            raise ValueError(f"the anchor {agent_id!r} cannot be forgotten")
+        self.ratings.pop(agent_id, None)
+
     def state_dict(self) -> dict[str, list[float]]:
         """Every rating as `{agent_id: [mu, sigma, games]}`."""
         return {agent: [r.mu, r.sigma, r.games] for agent, r in self.ratings.items()}
@@ -121,6 +127,13 @@ class MatchMatrix:
             cell["games"] += 1
             cell["wins"] += scores[agent] > scores[opponent]
             cell["draws"] += scores[agent] == scores[opponent]
+
+    def forget(self, agent: str) -> None:
+        """Drop `agent`'s row and its column in every other row (a row left empty goes too)."""
+        self.counts.pop(agent, None)
+        for row in self.counts.values():
+            row.pop(agent, None)
+        self.counts = {other: row for other, row in self.counts.items() if row}
 
     def table(self) -> dict[str, dict[str, dict[str, Any]]]:
         """{agent: {opponent: {"games", "wins", "draws", "losses", "win_rate"}}}; win_rate = wins / games."""
