@@ -204,3 +204,20 @@ def test_unstable_train_saves_every_5_steps_keeps_2_and_resumes(tiny_model_dir, 
     assert tables == [0, 5, 10]
     assert resume.saved_steps(run_dir / "state", "step-") == [10, 13]  # step-12.tmp went with the redo
     assert latest_value(rows, keys.POOL_LADDER)  # the final row's tables
+
+
+@pytest.mark.slow
+def test_unstable_train_keeps_the_ladder_within_the_pools_bound(tiny_model_dir, tmp_path):
+    """Every game against the anchor, one active checkpoint and `pool.max_retired=1`: however many checkpoints the
+    run makes, the newest tables hold the anchor, the newest checkpoint and one retired one; the row still counts
+    every checkpoint registered (the base model and one per step)."""
+    overrides = tiny_run(
+        tmp_path, tiny_model_dir, "pool-bound", "warm_start=null", "learner.num_steps=6", "pool.sample_mode=fixed",
+        "pool.max_active_lora=1", "pool.max_retired=1", "tracker.tables_every=1",
+    )  # fmt: skip
+    done = _train([str(EXAMPLE), *[arg for o in overrides for arg in ("--set", o)]])
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = tmp_path / "pool-bound"
+    tables = json.loads((run_dir / LATEST_TABLES_FILE).read_text())  # the run's end, after its last row
+    assert len(tables[keys.POOL_LADDER]) <= 3 and len(tables[keys.POOL_MATCH_MATRIX]) <= 3, tables
+    assert read_rows(run_dir)[-1][keys.POOL_CHECKPOINTS] == 7
