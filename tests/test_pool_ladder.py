@@ -145,9 +145,11 @@ def test_the_pool_forgets_the_lowest_retired_checkpoints_beyond_max_retired():
     restored = ModelPool(pool.cfg)
     restored.load_state_dict(pool.state_dict())
     assert restored.metrics() == metrics and restored.state_dict() == pool.state_dict()
-    older = {key: value for key, value in pool.state_dict().items() if key != "registered"}  # a state of before
-    restored.load_state_dict(older)
-    assert restored.metrics()[keys.POOL_CHECKPOINTS] == len(pool.checkpoints)
+    unbounded_state = {key: value for key, value in full.state_dict().items() if key != "registered"}  # of before
+    restored.load_state_dict(unbounded_state)  # cut to the bound at once: the same as one at a time
+    assert restored.metrics()[keys.POOL_LADDER] == metrics[keys.POOL_LADDER]
+    assert restored.matches.counts == pool.matches.counts and restored.checkpoints == pool.checkpoints
+    assert restored.metrics()[keys.POOL_CHECKPOINTS] == 10  # its list held every checkpoint
 
     forgotten = retired[-1]
     bounded.play(Opponent(forgotten, checkpoint=Checkpoint(forgotten)))  # its late result

@@ -139,21 +139,24 @@ class ModelPool:
     def _retired(self) -> list[str]:
         """The checkpoints older than the active ones, oldest first; after the registered ones, any rated only by a
         late result (a game in flight when its checkpoint was forgotten, which rated it afresh)."""
-        active = {c.uid for c in self.active_checkpoints()}
         kept = [c.uid for c in self.checkpoints]
-        late = [agent for agent in self.ratings.ratings if agent_order(agent)[0] == 0 and agent not in kept]
+        known = set(kept)
+        late = [agent for agent in self.ratings.ratings if agent not in known and agent_order(agent)[0] == 0]
+        active = {c.uid for c in self.active_checkpoints()}
         return [uid for uid in kept + late if uid not in active]
 
     def _forget_retired(self) -> None:
         """Forget the retired checkpoints lowest on the ladder (of equals, the oldest) beyond `cfg.max_retired`:
-        they can never be sampled again, so only the ladder and the match matrix still name them."""
+        they can never be sampled again, so only the ladder and the match matrix still name them. (Their ratings no
+        longer change, so forgetting the lowest one at a time keeps the same ones as this cut of all at once.)"""
         retired = self._retired()
-        while len(retired) > self.cfg.max_retired:
-            lowest = max(retired, key=self._ladder_key)
-            retired.remove(lowest)
-            self.checkpoints = [c for c in self.checkpoints if c.uid != lowest]
-            self.ratings.forget(lowest)
-            self.matches.forget(lowest)
+        excess = len(retired) - self.cfg.max_retired
+        if excess <= 0:
+            return
+        forgotten = set(sorted(retired, key=self._ladder_key, reverse=True)[:excess])  # stable: ties oldest first
+        self.checkpoints = [c for c in self.checkpoints if c.uid not in forgotten]
+        self.ratings.forget(forgotten)
+        self.matches.forget(forgotten)
 
     def _ladder(self, latest: str | None) -> list[dict[str, Any]]:
         """Every rated agent in `_ladder_key` order; odds and match quality against the latest checkpoint only where
