@@ -54,6 +54,7 @@ from unstable.pool.config import PoolConfig  # noqa: E402
 from unstable.records import EnvSpec  # noqa: E402
 from unstable.runtime import train  # noqa: E402
 from unstable.tracking import keys  # noqa: E402
+from unstable.tracking.history import latest_value, read_rows  # noqa: E402
 from unstable.tracking.stats import mean_interval  # noqa: E402
 
 TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
@@ -288,7 +289,7 @@ def rl_config(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, 
             # the group baseline needs groups: each game branches into G continuations at one decision
             "group_size": s.group_size if algorithm == "group_baseline" else 1,
         },
-        "pool": s.pool(spec),
+        "pool": s.pool(spec) | {"max_retired": steps},  # every checkpoint stays in the match matrix `select` reads
         "buffer": {
             "max_buffer_size": 2 * s.batch_size(spec),
             "discount": s.discount,
@@ -329,7 +330,7 @@ def train_rl(spec: EnvSpec, algorithm: str, warm: str, steps: int, model: str, s
     keep = ("learner/step", "time", "learner/mean_reward", "collector/format_ok_rate", "collector/invalid_move_rate")
     keep += (keys.REF_KL,)
     return {
-        "match_matrix": rows[-1].get(keys.POOL_MATCH_MATRIX, {}),
+        "match_matrix": latest_value(read_rows(summary.run_dir), keys.POOL_MATCH_MATRIX, {}),  # rows carry no tables
         "run_dir": summary.run_dir,
         "checkpoints": checkpoints,
         "train_games": summary.train_games,

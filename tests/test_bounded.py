@@ -136,7 +136,8 @@ def test_metrics_rows_keep_one_size_however_many_checkpoints_the_pool_rates(tmp_
     assert abs(sizes[60] - sizes[3]) < 20, sizes  # digits of the counts may differ, nothing else
 
     tables = [json.loads(line) for line in (tmp_path / "60" / TABLES_FILE).read_text().splitlines()]
-    assert [t[keys.STEP] for t in tables] == [10, 20] and len(tables[-1][keys.POOL_LADDER]) == 61
+    assert [t[keys.STEP] for t in tables] == [10, 20]
+    assert len(tables[-1][keys.POOL_LADDER]) == 1 + 3 + 20  # random, the 3 active and 20 retired (the defaults)
     latest = json.loads((tmp_path / "60" / LATEST_TABLES_FILE).read_text())
     assert latest[keys.STEP] == 20 and "ckpt-59" in latest[keys.POOL_MATCH_MATRIX]
 
@@ -215,3 +216,20 @@ def test_no_actor_shell_makes_ray_keep_a_record_of_each_call():
     shells = [obj for obj in vars(actors).values() if isinstance(obj, ray.actor.ActorClass)]
     assert len(shells) == 6
     assert [s for s in shells if s._default_options.get("enable_task_events") is not False] == []
+
+
+@pytest.mark.slow
+def test_unstable_train_keeps_the_ladder_within_the_pools_bound(tiny_model_dir, tmp_path):
+    """Every game against the anchor, one active checkpoint and `pool.max_retired=1`: however many checkpoints the
+    run makes, the newest tables hold the anchor, the newest checkpoint and one retired one; the row still counts
+    every checkpoint registered (the base model and one per step)."""
+    overrides = tiny_run(
+        tmp_path, tiny_model_dir, "pool-bound", "warm_start=null", "learner.num_steps=6", "pool.sample_mode=fixed",
+        "pool.max_active_lora=1", "pool.max_retired=1", "tracker.tables_every=1",
+    )  # fmt: skip
+    done = _train([str(EXAMPLE), *[arg for o in overrides for arg in ("--set", o)]])
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = tmp_path / "pool-bound"
+    tables = json.loads((run_dir / LATEST_TABLES_FILE).read_text())  # the run's end, after its last row
+    assert len(tables[keys.POOL_LADDER]) <= 3 and len(tables[keys.POOL_MATCH_MATRIX]) <= 3, tables
+    assert read_rows(run_dir)[-1][keys.POOL_CHECKPOINTS] == 7

@@ -220,6 +220,7 @@ CASES = [
     ("a resume state every 0 minutes", _with("learner.resume_state.every_minutes=0"), "resume_state.every_minutes"),
     ("no resume state kept", _with("learner.resume_state.keep_last=0"), "resume_state.keep_last"),
     ("tables written every 0 steps", _with("tracker.tables_every=0"), "tracker.tables_every"),
+    ("a negative number of retired checkpoints kept", _with("pool.max_retired=-1"), "pool.max_retired"),
 ]
 
 

@@ -10,7 +10,7 @@ from unstable.agents.scripted import make_scripted_agent
 from unstable.games.episode import play_episode
 from unstable.pool import ModelPool
 from unstable.pool.config import PoolConfig
-from unstable.records import EnvSpec, Opponent
+from unstable.records import Checkpoint, EnvSpec, Opponent
 from unstable.tracking import keys
 
 SPEC = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
@@ -105,3 +105,52 @@ def test_short_lived_checkpoints_stay_provisional_below_the_measured_ones():
     shown = {e["agent"]: e["win_probability"] for e in ladder if e["win_probability"] is not None}
     assert set(shown) == {final, base, "random"} and shown[final] == pytest.approx(0.5)
     assert shown[base] < 0.4 and shown["random"] < 0.4  # both play like random; the final wins ~0.78 against it
+
+
+def _bounded_chain(max_retired: int) -> ScriptedChain:
+    """10 checkpoints: the first measured on 200 games against the anchor (a warm start's evaluation), the others,
+    of mixed skill, on 40 training games each and more as opponents (ranked from 60 games: some are, some not),
+    3 active at a time."""
+    cfg = _pool_cfg("match-quality", 3).model_copy(update={"max_retired": max_retired, "ladder_min_games": 60})
+    chain = ScriptedChain(cfg)
+    chain.register(0.4)
+    chain.evaluate(200)
+    for epsilon in (1.0, 0.2, 0.8, 0.0, 0.6, 1.0, 0.2, 0.4, 0.8):
+        chain.register(epsilon)
+        for _ in range(40):
+            chain.play()
+    return chain
+
+
+def test_the_pool_forgets_the_lowest_retired_checkpoints_beyond_max_retired():
+    """With 3 active checkpoints and `max_retired` 2, the pool keeps the anchor, the 3 newest and the 2 best-ranked
+    retired checkpoints (the unbounded pool of the same games ranks them the same), forgets the others everywhere,
+    still counts all 10 it registered, and a late result of a forgotten checkpoint (a game in flight when it was
+    forgotten) does not bring the tables over the bound."""
+    bounded, unbounded = _bounded_chain(max_retired=2), _bounded_chain(max_retired=100)
+    pool, full = bounded.pool, unbounded.pool
+    active = [c.uid for c in pool.active_checkpoints()]
+    retired = [e["agent"] for e in unbounded.ladder() if e["agent"] not in active and e["agent"] != "random"]
+    kept = {"random", *active, *retired[:2]}
+    provisional = {e["agent"] for e in unbounded.ladder() if e["provisional"]}
+    assert len(retired) == 7 and provisional & set(retired) and "ckpt--1" in retired[:2]  # the warm start is kept
+    assert set(pool.ratings.ratings) == kept
+    assert [c.uid for c in pool.checkpoints] == sorted(kept - {"random"}, key=lambda uid: int(uid[len("ckpt-") :]))
+    assert set(pool.matches.counts) == kept and all(set(row) <= kept for row in pool.matches.counts.values())
+    assert bounded.ladder() == [e for e in unbounded.ladder() if e["agent"] in kept]  # the same ratings, fewer rows
+    metrics = pool.metrics()
+    assert metrics[keys.POOL_CHECKPOINTS] == 10 == full.metrics()[keys.POOL_CHECKPOINTS]
+    assert set(metrics[keys.POOL_MATCH_MATRIX]) == kept
+
+    restored = ModelPool(pool.cfg)
+    restored.load_state_dict(pool.state_dict())
+    assert restored.metrics() == metrics and restored.state_dict() == pool.state_dict()
+    unbounded_state = {key: value for key, value in full.state_dict().items() if key != "registered"}  # of before
+    restored.load_state_dict(unbounded_state)  # cut to the bound at once: the same as one at a time
+    assert restored.metrics()[keys.POOL_LADDER] == metrics[keys.POOL_LADDER]
+    assert restored.matches.counts == pool.matches.counts and restored.checkpoints == pool.checkpoints
+    assert restored.metrics()[keys.POOL_CHECKPOINTS] == 10  # its list held every checkpoint
+
+    forgotten = retired[-1]
+    bounded.play(Opponent(forgotten, checkpoint=Checkpoint(forgotten)))  # its late result
+    assert len(pool.ratings.ratings) <= 6 and len(pool.matches.counts) <= 6

@@ -7,10 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from unstable.pool import ModelPool
+from unstable.pool.config import PoolConfig
+from unstable.records import GameRecord
 from unstable.report import data, write_report
 from unstable.report.write import summary_markdown
-from unstable.tracking import keys
-from unstable.tracking.history import read_rows
+from unstable.tracking import Tracker, TrackerConfig, keys
+from unstable.tracking.history import latest_value, read_rows
 
 RECORDED_RUN = Path(__file__).parent / "fixtures" / "recorded_run"
 
@@ -115,3 +118,22 @@ def test_the_ladder_table_gives_games_and_marks_provisional_agents():
     markdown = summary_markdown("run", [{keys.STEP: 9, keys.POOL_LADDER: ladder}], [])
     assert "| ckpt-9 | 28.00 | 0.80 | 25.60 | 1000 |" in markdown
     assert "| ckpt-4 (provisional) | 37.00 | 3.00 | 28.00 | 8 |" in markdown
+
+
+def test_checkpoints_the_pool_forgot_stay_in_the_report_from_the_tables_that_held_them(tmp_path):
+    """A pool keeping 1 retired checkpoint, its tables written at every step: each of the 6 checkpoints is in some
+    table, so the report shows the rating and the training games of every one, not only those the pool still holds."""
+    pool = ModelPool(PoolConfig(fixed_opponents=["random"], max_active_lora=1, max_retired=1))
+    tracker = Tracker(tmp_path, cfg=TrackerConfig(tables_every=1, tensorboard=False, wandb="disabled"))
+    tracker.add_source(pool)
+    for k in range(1, 7):
+        pool.add_checkpoint(f"/ckpt-{k}", iteration=k)
+        for seed in range(4):
+            rewards = {0: 1.0 if seed < k % 3 + 1 else 0.0, 1: 0.0}  # ckpt-k wins k % 3 + 1 of its 4 games
+            pool.record_game(GameRecord("TicTacToe-v0-train", seed, {0: f"ckpt-{k}", 1: "random"}, (), rewards))
+        tracker.log({keys.STEP: k})
+    rows = read_rows(tmp_path)
+    assert len(latest_value(rows, keys.POOL_LADDER)) == 3  # random, the active checkpoint, 1 retired
+    assert data.checkpoint_ratings(rows)["steps"] == [1, 2, 3, 4, 5, 6]
+    training = data.training_win_rate(rows, "random", window=2)
+    assert training == {"steps": [2, 4, 6], "win_rate": [5 / 8, 3 / 8, 4 / 8], "games": [8, 8, 8]}

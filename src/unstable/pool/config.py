@@ -18,6 +18,14 @@ class PoolConfig(Settings):
         [], description="training opponents besides checkpoints: scripted agents, checkpoint directories, API models"
     )
     max_active_lora: int = Field(3, ge=1, description="newest checkpoints that may be sampled as opponents")
+    max_retired: int = Field(
+        20,
+        ge=0,
+        description="retired checkpoints (older than the newest max_active_lora: never sampled again) the pool keeps "
+        "rated; beyond it, the lowest on the ladder (provisional first, then lowest mu - 3 sigma) is forgotten: its "
+        "rating, match-matrix row and column, and its place in the pool, so the tables and the resume state stay "
+        "bounded however long the run",
+    )
     lag: int = Field(1, ge=1, description="sample_mode 'lagged': checkpoints before the latest to draw from")
     beta: float = Field(4.0, gt=0, description="rating performance noise; also the scale of 'ts-dist'")
     rating_backend: str = Field("trueskill", description="one of `pool.ratings.RATING_BACKENDS`")

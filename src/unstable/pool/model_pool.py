@@ -15,13 +15,15 @@ from unstable.pool.ratings import MatchMatrix, Rating, RatingSystem
 from unstable.pool.sampling import SAMPLE_MODES
 from unstable.records import Checkpoint, GameRecord, Opponent
 from unstable.tracking import keys
+from unstable.tracking.history import agent_order
 
 
 class ModelPool:
     """Registers checkpoints, samples opponents by `cfg.sample_mode` (see `SAMPLE_MODES`), rates every game.
 
     Only the newest `max_active_lora` checkpoints are active (sampled as opponents), bounding the adapters the
-    inference engine keeps; retired checkpoints keep their ratings and match-matrix rows.
+    inference engine keeps. Of the retired ones, the `max_retired` highest on the ladder keep their ratings and
+    match-matrix rows; the others are forgotten (`registered` still counts them), bounding the tables and the state.
     """
 
     def __init__(self, cfg: PoolConfig | None = None, *, seed: int = 0):
@@ -31,6 +33,7 @@ class ModelPool:
         self.matches = MatchMatrix()
         self.fixed_opponents = [parse_opponent(name) for name in self.cfg.fixed_opponents]
         self.checkpoints: list[Checkpoint] = []
+        self.registered = 0
         self.games_played = 0
         self._rng = random.Random(seed)
 
@@ -41,6 +44,8 @@ class ModelPool:
         that claimed them as the checkpoint's own, so short-lived checkpoints outranked well-measured ones.)"""
         checkpoint = Checkpoint(uid=f"ckpt-{iteration}", path=path, version=iteration, kind=kind)
         self.checkpoints.append(checkpoint)
+        self.registered += 1
+        self._forget_retired()
         return checkpoint
 
     def latest(self) -> Checkpoint:
@@ -81,11 +86,14 @@ class ModelPool:
             scores[f"env:{record.env_id}"] = 0.0
         self.ratings.rate(scores)
         self.matches.add(scores)
+        self._forget_retired()
 
     def state_dict(self) -> dict[str, Any]:
-        """Checkpoints, ratings, match counts, games rated and the sampling RNG, for resume."""
+        """Checkpoints (those kept, and the count of all registered), ratings, match counts, games rated and the
+        sampling RNG, for resume."""
         return {
             "checkpoints": [asdict(c) for c in self.checkpoints],
+            "registered": self.registered,
             "ratings": self.ratings.state_dict(),
             "matches": self.matches.counts,
             "games_played": self.games_played,
@@ -93,12 +101,15 @@ class ModelPool:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state_dict` returned (replacing every registered checkpoint)."""
+        """Restore what `state_dict` returned (replacing every registered checkpoint). A state saved before the
+        pool forgot checkpoints lists every one it registered, and is cut to `cfg.max_retired` at once."""
         self.checkpoints = [Checkpoint(**c) for c in state["checkpoints"]]
+        self.registered = state.get("registered", len(self.checkpoints))
         self.ratings.load_state_dict(state["ratings"])
         self.matches.counts = state["matches"]
         self.games_played = state["games_played"]
         self._rng.setstate(state["rng"])
+        self._forget_retired()
 
     def metrics(self) -> dict[str, Any]:
         """Games recorded, checkpoints, the latest checkpoint's rating, the ladder and the match matrix."""
@@ -106,7 +117,7 @@ class ModelPool:
         rating = self.ratings.get(latest) if latest else Rating()
         return {
             keys.POOL_GAMES_RATED: self.games_played,
-            keys.POOL_CHECKPOINTS: len(self.checkpoints),
+            keys.POOL_CHECKPOINTS: self.registered,
             keys.POOL_ACTIVE_CHECKPOINTS: len(self.active_checkpoints()),
             keys.POOL_LATEST_MU: rating.mu,
             keys.POOL_LATEST_SIGMA: rating.sigma,
@@ -120,10 +131,37 @@ class ModelPool:
         luck above all)."""
         return agent in self.ratings.anchors or self.ratings.get(agent).games >= self.cfg.ladder_min_games
 
+    def _ladder_key(self, agent: str) -> tuple[bool, float]:
+        """The ladder's order, highest first: the ranked agents by conservative score (mu - 3 sigma), then the
+        provisional ones the same way."""
+        return not self._ranked(agent), -self.ratings.get(agent).conservative
+
+    def _retired(self) -> list[str]:
+        """The checkpoints older than the active ones, oldest first; after the registered ones, any rated only by a
+        late result (a game in flight when its checkpoint was forgotten, which rated it afresh)."""
+        kept = [c.uid for c in self.checkpoints]
+        known = set(kept)
+        late = [agent for agent in self.ratings.ratings if agent not in known and agent_order(agent)[0] == 0]
+        active = {c.uid for c in self.active_checkpoints()}
+        return [uid for uid in kept + late if uid not in active]
+
+    def _forget_retired(self) -> None:
+        """Forget the retired checkpoints lowest on the ladder (of equals, the oldest) beyond `cfg.max_retired`:
+        they can never be sampled again, so only the ladder and the match matrix still name them. (Their ratings no
+        longer change, so forgetting the lowest one at a time keeps the same ones as this cut of all at once.)"""
+        retired = self._retired()
+        excess = len(retired) - self.cfg.max_retired
+        if excess <= 0:
+            return
+        forgotten = set(sorted(retired, key=self._ladder_key, reverse=True)[:excess])  # stable: ties oldest first
+        self.checkpoints = [c for c in self.checkpoints if c.uid not in forgotten]
+        self.ratings.forget(forgotten)
+        self.matches.forget(forgotten)
+
     def _ladder(self, latest: str | None) -> list[dict[str, Any]]:
-        """Every rated agent: the ranked ones by conservative score (mu - 3 sigma), then the provisional ones the
-        same way; odds and match quality against the latest checkpoint only where both are ranked (else None)."""
-        order = sorted(self.ratings.ratings, key=lambda a: (not self._ranked(a), -self.ratings.get(a).conservative))
+        """Every rated agent in `_ladder_key` order; odds and match quality against the latest checkpoint only where
+        both are ranked (else None)."""
+        order = sorted(self.ratings.ratings, key=self._ladder_key)
         latest_ranked = latest is not None and self._ranked(latest)
         ladder = []
         for agent in order:

@@ -4,6 +4,7 @@ head-to-head match matrix."""
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from itertools import permutations
 from typing import Any
@@ -59,6 +60,12 @@ class RatingSystem:
     def set(self, agent_id: str, rating: Rating) -> None:
         """Overwrite a rating."""
         self.ratings[agent_id] = rating
+
+    def forget(self, agents: Collection[str]) -> None:
+        """Drop the ratings of `agents` (an anchor's never: it is the scale's zero point)."""
+        if self.anchors & set(agents):
+            raise ValueError(f"anchors cannot be forgotten: {sorted(self.anchors & set(agents))}")
+        self.ratings = {agent: r for agent, r in self.ratings.items() if agent not in agents}
 
     def state_dict(self) -> dict[str, list[float]]:
         """Every rating as `{agent_id: [mu, sigma, games]}`."""
@@ -121,6 +128,15 @@ class MatchMatrix:
             cell["games"] += 1
             cell["wins"] += scores[agent] > scores[opponent]
             cell["draws"] += scores[agent] == scores[opponent]
+
+    def forget(self, agents: Collection[str]) -> None:
+        """Drop the rows of `agents` and their columns in every other row (a row left empty goes too)."""
+        kept = {
+            agent: {opponent: cell for opponent, cell in row.items() if opponent not in agents}
+            for agent, row in self.counts.items()
+            if agent not in agents
+        }
+        self.counts = {agent: row for agent, row in kept.items() if row}
 
     def table(self) -> dict[str, dict[str, dict[str, Any]]]:
         """{agent: {opponent: {"games", "wins", "draws", "losses", "win_rate"}}}; win_rate = wins / games."""

@@ -61,17 +61,29 @@ def rating_history(rows: list[dict[str, Any]], relative_to: str | None = None) -
     return history
 
 
+def newest_by_agent(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """Each agent's entry (`pool/ladder`) or row (`pool/match_matrix`) in the newest table of `key` that holds it: the
+    pool forgets retired checkpoints beyond `pool.max_retired`, so the newest table lacks those it dropped (and one
+    dropped between two table writes is in none)."""
+    newest: dict[str, Any] = {}
+    for row in rows:
+        table = row.get(key, {})
+        newest |= {entry["agent"]: entry for entry in table} if isinstance(table, list) else table
+    return newest
+
+
 def checkpoint_ratings(rows: list[dict[str, Any]], relative_to: str | None = None) -> dict[str, list[Any]]:
-    """Each learner checkpoint's rating in the newest ladder, which rests on that checkpoint's own games, at the step
-    that made it (the base model `ckpt--1` at 0): `{"steps", "mu", "sigma", "provisional"}`, oldest first, mu
-    relative to `relative_to` as in `rating_history`."""
+    """Each learner checkpoint's rating in the newest ladder that holds it (`newest_by_agent`), which rests on that
+    checkpoint's own games, at the step that made it (the base model `ckpt--1` at 0): `{"steps", "mu", "sigma",
+    "provisional"}`, oldest first, mu relative to `relative_to` (in the newest ladder) as in `rating_history`."""
     ladder = latest_value(rows, keys.POOL_LADDER, [])
     level = next((entry["mu"] for entry in ladder if entry["agent"] == relative_to), 0.0)
 
     def step(entry: dict[str, Any]) -> int:
         return max(-agent_order(entry["agent"])[1], 0)
 
-    checkpoints = sorted((e for e in ladder if agent_order(e["agent"])[0] == 0), key=step)
+    entries = newest_by_agent(rows, keys.POOL_LADDER).values()
+    checkpoints = sorted((e for e in entries if agent_order(e["agent"])[0] == 0), key=step)
     return {
         "steps": [step(e) for e in checkpoints],
         "mu": [e["mu"] - level for e in checkpoints],
@@ -89,9 +101,10 @@ def reference_opponent(rows: list[dict[str, Any]]) -> str | None:
 
 
 def training_win_rate(rows: list[dict[str, Any]], opponent: str, window: int = 10) -> dict[str, list[float]]:
-    """Win rate of the learner's checkpoints in their training games against `opponent` (the newest match matrix),
-    pooled over the checkpoints of steps 1-`window`, `window`+1-2`window`, ... and placed at each group's last step."""
-    matrix = latest_value(rows, keys.POOL_MATCH_MATRIX, {})
+    """Win rate of the learner's checkpoints in their training games against `opponent` (each checkpoint's row of
+    the match matrix by `newest_by_agent`), pooled over the checkpoints of steps 1-`window`, `window`+1-2`window`,
+    ... and placed at each group's last step."""
+    matrix = newest_by_agent(rows, keys.POOL_MATCH_MATRIX)
     groups: dict[int, list[tuple[int, dict[str, int]]]] = {}
     for agent, cells in matrix.items():
         kind, negative_step, _ = agent_order(agent)

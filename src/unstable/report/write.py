@@ -62,8 +62,8 @@ def plot_eval(rows: list[dict[str, Any]], path: Path) -> None:
 
 def plot_ratings(rows: list[dict[str, Any]], path: Path) -> None:
     """TrueSkill mu (+-1 sigma) of each fixed opponent over learner steps, and of each checkpoint on its own games
-    (the newest ladder, at the step that made it; provisional ones faint), relative to the busiest fixed opponent
-    when there is one."""
+    (the newest ladder holding it, at the step that made it; provisional ones faint), relative to the busiest fixed
+    opponent when there is one."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     reference = data.reference_opponent(rows)

@@ -89,17 +89,18 @@ BUFFER_STEPS_DROPPED = "buffer/steps_dropped"
 
 # opponent pool
 POOL_GAMES_RATED = "pool/games_rated"
-POOL_CHECKPOINTS = "pool/checkpoints"
+POOL_CHECKPOINTS = "pool/checkpoints"  # every checkpoint registered, those the pool has forgotten included
 POOL_LATEST_MU = "pool/latest_mu"  # the newest checkpoint's: the prior (25, 25/3) until it has played
 POOL_LATEST_SIGMA = "pool/latest_sigma"
 POOL_ACTIVE_CHECKPOINTS = "pool/active_checkpoints"  # the newest max_active_lora checkpoints, sampled as opponents
 # [{"agent", "mu", "sigma", "conservative", "games", "provisional", "win_probability", "match_quality"}]: agents with
 # pool.ladder_min_games rated games (or an anchor) by conservative score (mu - 3 sigma), then the provisional rest;
-# win_probability and match_quality are against the latest checkpoint, None unless both are ranked
+# win_probability and match_quality are against the latest checkpoint, None unless both are ranked. Retired
+# checkpoints beyond pool.max_retired are forgotten, so the ladder and the match matrix hold a bounded set of agents
 POOL_LADDER = "pool/ladder"
 POOL_MATCH_MATRIX = "pool/match_matrix"  # {agent: {opponent: {"games", "wins", "draws", "losses", "win_rate"}}}
-# tables that grow with the run's checkpoints and opponents: the Tracker writes them to their own files
-# (`tracking.history.TABLES_FILE`, `LATEST_TABLES_FILE`), never into a metrics row, so rows keep one size
+# tables of the run's checkpoints (up to pool.max_retired retired ones) and opponents: the Tracker writes them to their
+# own files (`tracking.history.TABLES_FILE`, `LATEST_TABLES_FILE`), never into a metrics row, so rows keep one size
 TABLES = (POOL_LADDER, POOL_MATCH_MATRIX)
 
 # running totals since the run started
