@@ -84,7 +84,7 @@ class CollectorConfig(Settings):
         "now and then (an inference actor that died and restarted) are counted and survived",
     )
     pacing: bool = Field(
-        True,
+        False,
         description="start a training game only while the steps in the StepBuffer plus those the training games in "
         "flight are expected to add (their count x the mean steps per finished training game) fit in "
         "buffer.max_buffer_size, so the buffer drops no step before a batch takes it; games in flight always finish "
