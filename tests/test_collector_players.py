@@ -73,27 +73,74 @@ def test_evaluation_opponents_take_turns_and_meet_every_seat(tmp_path):
     assert {e["agent"] for e in pool.metrics()[keys.POOL_LADDER]} >= {"random", "tictactoe-minimax"}  # rated
 
 
-def test_a_full_buffer_pauses_new_training_games_until_the_learner_takes_a_batch(tmp_path):
+def _collect_in_background(tmp_path, capacity: int, **cfg) -> tuple[Collector, ModelPool, StepBuffer, object]:
+    """A collector of TicTacToe games against `random` into a StepBuffer of `capacity` steps that no learner
+    empties, collecting on a thread of its own (the returned one)."""
     import threading
-    import time
 
     spec = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
     pool = ModelPool(PoolConfig(sample_mode="fixed", fixed_opponents=["random"]))
     pool.add_checkpoint(path=None, iteration=-1)
-    buffer = StepBuffer(4)
-    cfg = CollectorConfig(training_envs=[spec], pause_when_buffer_full=True)
-    collector = Collector(_FakeEngine(), pool, buffer, Tracker(tmp_path), cfg)
-    runner = threading.Thread(target=collector.collect, args=(2,))
+    buffer = StepBuffer(capacity)
+    collector = Collector(_FakeEngine(), pool, buffer, Tracker(tmp_path), CollectorConfig(training_envs=[spec], **cfg))
+    runner = threading.Thread(target=collector.collect, args=(8,))
     runner.start()
-    while not buffer.is_full():
+    return collector, pool, buffer, runner
+
+
+def _until_idle(pool: ModelPool, quiet_s: float = 1.0, limit_s: float = 20.0) -> None:
+    """Wait until no game finished for `quiet_s` seconds (at most `limit_s`)."""
+    import time
+
+    start, played, since = time.monotonic(), -1, time.monotonic()
+    while time.monotonic() - since < quiet_s and time.monotonic() - start < limit_s:
+        if pool.games_played != played:
+            played, since = pool.games_played, time.monotonic()
         time.sleep(0.05)
-    time.sleep(0.6)  # three rounds of the collector's loop: at most the two games in flight may finish
-    paused_at = pool.games_played
-    time.sleep(0.6)
-    assert pool.games_played == paused_at and buffer.counters[keys.BUFFER_STEPS_DROPPED] <= 2 * 5
-    buffer.get_batch(4)  # the learner takes a batch: collection resumes
-    while pool.games_played == paused_at:
-        time.sleep(0.05)
+
+
+def test_pacing_starts_no_game_whose_steps_the_full_buffer_would_drop(tmp_path):
+    # 8 slots, a buffer of 40 steps (about 13 games of 3 learner steps) and no learner taking batches: the games
+    # in flight are counted before they finish, so the buffer fills and then nothing more is played or dropped
+    collector, pool, buffer, runner = _collect_in_background(tmp_path, 40, pacing=True)
+    _until_idle(pool)
+    try:
+        assert buffer.size() > 40 - 2 * 5  # filled up to about a game's steps of the capacity
+        assert buffer.counters[keys.BUFFER_STEPS_DROPPED] <= 5  # at most one game's steps more than expected
+        assert collector.metrics()[keys.GAMES_HELD_BACK] >= 8  # every slot waits once it is full
+        taken = buffer.get_batch(30)  # the learner takes a batch: collection resumes
+        assert len(taken) == 30
+        played = pool.games_played
+        _until_idle(pool)
+        assert pool.games_played > played and buffer.counters[keys.BUFFER_STEPS_DROPPED] <= 10
+    finally:
+        collector.stop()
+        runner.join(timeout=10)
+    assert not runner.is_alive()
+
+
+def test_pacing_keeps_one_game_in_flight_with_a_buffer_smaller_than_a_game(tmp_path):
+    # a buffer of 1 step holds less than any game adds: one game at a time is still played, so a learner
+    # waiting for its batch could never wait forever; stop() still ends collection
+    import time
+
+    collector, pool, buffer, runner = _collect_in_background(tmp_path, 1, pacing=True)
+    deadline = time.monotonic() + 20
+    while pool.games_played < 6 and time.monotonic() < deadline:
+        buffer.steps.clear()  # a learner taking whatever there is (one call: atomic beside the game threads)
+        time.sleep(0.01)
     collector.stop()
     runner.join(timeout=10)
     assert not runner.is_alive()
+    assert pool.games_played >= 6
+
+
+def test_without_pacing_every_finished_game_is_replaced_at_once(tmp_path):
+    collector, pool, buffer, runner = _collect_in_background(tmp_path, 8, pacing=False)
+    try:
+        while buffer.counters[keys.BUFFER_STEPS_DROPPED] < 50:
+            assert runner.is_alive()
+    finally:
+        collector.stop()
+        runner.join(timeout=10)
+    assert not runner.is_alive() and collector.metrics()[keys.GAMES_HELD_BACK] == 0

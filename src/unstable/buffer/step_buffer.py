@@ -52,7 +52,7 @@ class StepBuffer:
 
     def add_game(self, record: GameRecord) -> int:
         """Add the learner's steps of a finished game; returns how many steps were added."""
-        if record.failed or record.is_eval or not record.rewards:
+        if not _trains(record):
             self.counters[keys.BUFFER_GAMES_SKIPPED] += 1
             return 0
         rewards = dict(record.rewards)
@@ -60,7 +60,7 @@ class StepBuffer:
             rewards = self.final_transform(rewards, env_id=record.env_id)
         added = 0
         for step, (later, next_prompt) in zip(record.steps, _later_decisions(record.steps)):
-            if step.player_id not in record.learner_player_ids or not step.has_tokens:
+            if not _trains_on(record, step):
                 continue
             reward = float(rewards[step.player_id]) * self.discount**later
             opponent = _opponent(record, step.player_id)
@@ -92,9 +92,9 @@ class StepBuffer:
         """Steps currently stored."""
         return len(self.steps)
 
-    def is_full(self) -> bool:
-        """True when the next step added would push out the oldest."""
-        return len(self.steps) >= self.max_buffer_size
+    def room(self) -> int:
+        """Steps it can still take before the next one added pushes out the oldest."""
+        return self.max_buffer_size - len(self.steps)
 
     def get_batch(self, batch_size: int) -> list[Step]:
         """Remove and return `batch_size` uniformly drawn steps, after the sampling-stage transform."""
@@ -148,6 +148,21 @@ class StepBuffer:
 def _state(transform: Callable | None) -> Any:
     """A reward stage's `state_dict()`; None for no stage or a plain callable (a seed script's), which keeps none."""
     return transform.state_dict() if hasattr(transform, "state_dict") else None
+
+
+def steps_to_add(record: GameRecord) -> int:
+    """How many steps `StepBuffer.add_game` takes from `record` (0 for a failed or evaluation game)."""
+    return sum(_trains_on(record, step) for step in record.steps) if _trains(record) else 0
+
+
+def _trains(record: GameRecord) -> bool:
+    """True for a game whose steps the buffer takes: a training game that finished with rewards."""
+    return not (record.failed or record.is_eval or not record.rewards)
+
+
+def _trains_on(record: GameRecord, step: Step) -> bool:
+    """True for a step of `record` the buffer keeps: the learner's, with model tokens."""
+    return step.player_id in record.learner_player_ids and step.has_tokens
 
 
 def _opponent(record: GameRecord, player_id: int) -> str:

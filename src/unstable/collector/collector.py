@@ -24,11 +24,14 @@ from pathlib import Path
 
 from unstable.agents.policy import GenerationClient, PolicyAgent
 from unstable.agents.seating import make_agent, parse_opponent, seat_agents
+from unstable.buffer.step_buffer import steps_to_add
 from unstable.collector.config import CollectorConfig
+from unstable.collector.pacing import Pacing
 from unstable.games.branching import play_branched_episode
 from unstable.games.episode import play_episode
 from unstable.games.templates import get_template
 from unstable.records import GameRecord
+from unstable.tracking import keys
 from unstable.tracking.tracker import summarize_game
 
 log = logging.getLogger(__name__)
@@ -79,6 +82,7 @@ class Collector:
         self._game_counter = itertools.count()
         self._stop = threading.Event()
         self._failed_in_a_row = 0  # training games, since the last one that did not fail
+        self.pacing = Pacing(cfg.max_turns * cfg.group_size, enabled=cfg.pacing)
 
     def collect(self, num_workers: int, num_eval_workers: int = 0) -> dict[str, int]:
         """Keep the games in flight until `stop()` is called; returns how many games of each kind ran and how many
@@ -87,8 +91,9 @@ class Collector:
         After `cfg.max_failed_games_in_a_row` failed training games in a row it stops collection through the
         StepBuffer, with the cause, so the learner waiting for a batch stops instead of waiting forever.
 
-        With `cfg.pause_when_buffer_full` a finished training game's slot stays empty while the StepBuffer is full
-        and is refilled once the learner has taken a batch (asked once per round, however many slots wait).
+        Up to `num_workers` training games run at once; with `cfg.pacing` a free slot stays empty while
+        its game's steps would not fit in the StepBuffer (see `collector.pacing`); the buffer is asked once per
+        round, however many slots wait.
         """
         self._stop.clear()
         counts = {"train": 0, "eval": 0, "train_failed": 0, "eval_failed": 0}
@@ -98,17 +103,21 @@ class Collector:
             def start(kind: str) -> None:
                 in_flight[pool.submit(self.play_one, kind == "eval")] = kind
 
-            for kind, n in (("train", num_workers), ("eval", num_eval_workers)):
-                for _ in range(n):
-                    start(kind)
-            waiting = 0  # training slots left empty while the buffer is full
-            while in_flight or waiting:
+            for _ in range(num_eval_workers):
+                start("eval")
+            waiting, arrived = 0, num_workers  # training slots left empty, and those freed in this round
+            stopping = self._stopping()
+            while True:
+                waiting = 0 if stopping else self._start_training(waiting + arrived, arrived, in_flight, start)
+                if not (in_flight or waiting):
+                    break
                 if in_flight:
                     done = wait(in_flight, timeout=0.2, return_when=FIRST_COMPLETED)[0]
                 else:  # every training slot waits for the buffer
                     done = set()
                     self._stop.wait(0.2)
                 stopping = self._stopping()  # one question per round, however many games finished
+                arrived = 0
                 for future in done:
                     kind = in_flight.pop(future)
                     counts[kind] += 1
@@ -116,16 +125,27 @@ class Collector:
                     counts[f"{kind}_failed"] += failure is not None
                     if kind == "train":
                         self._count_training_game(failure)
-                        waiting += 1
+                        arrived += 1
                     elif not stopping:
                         start(kind)
-                if stopping:
-                    waiting = 0
-                elif waiting and not (self.cfg.pause_when_buffer_full and self.step_buffer.is_full()):
-                    for _ in range(waiting):
-                        start("train")
-                    waiting = 0
         return counts
+
+    def metrics(self) -> dict[str, int]:
+        """The collector's own counters for the Tracker's rows (games held back by pacing)."""
+        return {keys.GAMES_HELD_BACK: self.pacing.held_back}
+
+    def _start_training(self, waiting: int, arrived: int, in_flight: dict[Future, str], start) -> int:
+        """Start as many of the `waiting` training games (`arrived` of them freed in this round) as pacing allows;
+        returns how many still wait."""
+        if not waiting:
+            return 0
+        running = sum(kind == "train" for kind in in_flight.values())
+        room = self.step_buffer.room() if self.pacing.enabled else 0
+        starting = self.pacing.startable(waiting, running, room)
+        for _ in range(starting):
+            start("train")
+        self.pacing.hold(arrived, waiting - starting)
+        return waiting - starting
 
     def evaluate(self, num_games: int, concurrency: int = 16) -> list[GameRecord]:
         """Play `num_games` eval games now (blocking), seats alternating; returns their records."""
@@ -186,6 +206,7 @@ class Collector:
         if not is_eval:
             for record in records:
                 self.step_buffer.add_game(record)
+            self.pacing.game_finished(sum(steps_to_add(record) for record in records))
             _write_for_test(records)
         self.model_pool.record_game(records[0])  # eval games rate the learner against fixed opponents too
         self.tracker.add_game(summarize_game(records[0]))

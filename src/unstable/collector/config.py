@@ -83,11 +83,13 @@ class CollectorConfig(Settings):
         "raises, a learner whose every generation fails): no training batch can come from such games. Games failing "
         "now and then (an inference actor that died and restarted) are counted and survived",
     )
-    pause_when_buffer_full: bool = Field(
+    pacing: bool = Field(
         False,
-        description="start no new training game while the StepBuffer is full (games in flight still finish): when "
-        "the learner is slower than the games, inference then waits instead of playing games whose steps the buffer "
-        "would drop, leaving the CPU or GPU to the learner",
+        description="start a training game only while the steps in the StepBuffer plus those the training games in "
+        "flight are expected to add (their count x the mean steps per finished training game) fit in "
+        "buffer.max_buffer_size, so the buffer drops no step before a batch takes it; games in flight always finish "
+        "and one is in flight whenever the buffer has room. false: a finished training game's slot is refilled at "
+        "once (steps beyond the buffer's capacity push out the oldest unused ones)",
     )
 
     def training_specs(self) -> list[EnvSpec]:

@@ -165,6 +165,7 @@ def buffer(rows: list[dict[str, Any]]) -> Panel:
         (
             ("steps added", keys.BUFFER_STEPS_ADDED, ",.0f"),
             ("steps dropped (full)", keys.BUFFER_STEPS_DROPPED, ",.0f"),
+            ("games held back", keys.GAMES_HELD_BACK, ",.0f"),
             ("staleness mean", keys.STALENESS_MEAN, ".2f"),
             ("staleness max", keys.STALENESS_MAX, ".0f"),
             ("stale steps dropped", keys.STALE_DROPPED, ".0f"),

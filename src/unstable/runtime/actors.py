@@ -199,6 +199,7 @@ class CollectorActor(Collector):
             resume_step=resume_step,
         )
         ray.get(tracker.add_source.remote(client))
+        _register_source(tracker)  # the games held back by pacing
 
 
 @ray.remote(**SHELL, max_concurrency=4096)

@@ -61,6 +61,9 @@ INVALID_MOVE_RATE = "collector/invalid_move_rate"
 # such as TicTacToe, where it falls as the policy settles on a few openings
 ACTION_ENTROPY = "collector/action_entropy"
 DISTINCT_ACTIONS = "collector/distinct_actions"
+# training games whose start pacing held back while their steps would not fit in the StepBuffer (collector.pacing):
+# each counted once, however long it waited; counted since the collector (re)started
+GAMES_HELD_BACK = "collector/games_held_back"
 
 # evaluation: W/D/L over the rolling window of the last `TrackerConfig.window_games` eval games
 EVAL_GAMES = "eval/games"
