@@ -32,7 +32,7 @@ demo: $(STAMP)
 	$(VENV)/bin/unstable train examples/tictactoe-tiny.yaml
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests; status=$$?; \
+	$(PY) -m pytest -q --durations=25 tests; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$status
 
 lint: $(STAMP)
