@@ -29,17 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from unstable.tracking import keys
+from kill_soak import ENV, EXAMPLE, ROOT  # the child runs' environment, the demo's config
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "tictactoe-tiny.yaml"
-ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "RAY_AUTH_MODE": "disabled",
-    "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-}
+from unstable.tracking import keys
 
 
 def train(*sets: str) -> float:
