@@ -115,7 +115,10 @@ def test_the_dashboard_follows_a_live_run_under_tmux(tmp_path, tiny_model_dir):
         "run.dir": tmp_path / "runs",
         "run.name": "live",
         "model.path": tiny_model_dir,
+        "warm_start": "null",  # the dashboard shows rows: what the random tiny model learns does not matter here
         "learner.num_steps": 6,
+        "learner.batch_size": 16,
+        "collector.num_workers": 8,
         "evaluation.games_at_start": 4,
         "evaluation.games_at_end": 4,
     }
@@ -136,7 +139,7 @@ def test_the_dashboard_follows_a_live_run_under_tmux(tmp_path, tiny_model_dir):
         tmux = ["tmux", "-L", socket, "new-session", "-d", "-s", session, "-x", "160", "-y", "50", dashboard]
         subprocess.run(tmux, check=True)
         frames = []
-        # generous bounds, not a speed check: alone the run takes ~2 minutes, beside other work on 2 cores over 10
+        # generous bounds, not a speed check: alone the run takes under a minute, beside other work on 2 cores minutes
         deadline = time.time() + 900
         while time.time() < deadline and "finished" not in (frames or [""])[-1]:
             time.sleep(1.0)
