@@ -14,7 +14,7 @@ export VLLM_CPU_KVCACHE_SPACE := 1
 export VLLM_CPU_OMP_THREADS_BIND := nobind
 export VLLM_ENABLE_V1_MULTIPROCESSING := 0
 
-.PHONY: demo test install lint clean
+.PHONY: demo test check install lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q --durations=25 tests; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$status
+
+# the edit loop: lint and the tests that load no model and start no Ray or command (`make test` runs them all)
+check: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(PY) -m pytest -q -m "not slow and not vllm" -p no:cacheprovider tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -1,4 +1,5 @@
-"""Shared fixtures: offline hub settings and one tiny model built per test session."""
+"""Shared fixtures: offline hub settings and one tiny model built per test session; every test that loads the
+tiny model is marked `slow` (`make check` runs the others)."""
 
 import os
 
@@ -30,3 +31,11 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `slow` every test that loads the tiny model, directly or through another fixture (the marker's
+    meaning: runs a model or Ray); the tests that run Ray or a command carry the mark themselves."""
+    for item in items:
+        if "tiny_model_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

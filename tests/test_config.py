@@ -218,6 +218,7 @@ def _train_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "text", "args", "expected"),
     [

@@ -230,6 +230,7 @@ def _error(check, tmp_path: Path) -> str:
     return str(info.value).replace(str(tmp_path), "RUN_DIR")
 
 
+@pytest.mark.slow
 def test_each_bad_input_gives_one_line_naming_the_field_and_the_table_is_current(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # the same table on a machine with GPUs
     monkeypatch.delenv("RAY_ADDRESS", raising=False)

@@ -30,6 +30,8 @@ from unstable.tracking.history import read_rows
 
 from .test_algorithms import _learner, _scored, bandit  # noqa: F401 - bandit is a fixture
 
+pytestmark = pytest.mark.slow  # Ray and runs of unstable train
+
 SPEC = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
 CAUSES = ("ValueError", "APIOpponentError", "ActorDiedError")  # an env that raised, an API timeout, a dead server
 

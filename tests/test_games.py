@@ -134,6 +134,7 @@ def test_turn_cap_truncates_as_draw():
     assert record.rewards == {0: 0.0, 1: 0.0} and len(record.steps) == 3
 
 
+@pytest.mark.slow
 def test_single_hand_kuhn_poker_between_equilibrium_players_is_worth_minus_one_eighteenth():
     spec = EnvSpec("KuhnPoker-v0-single-train", 2, "qwen3-zs")
     games = 4000  # payoff std ~1.3 chips: standard error ~0.02

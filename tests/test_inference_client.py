@@ -329,6 +329,7 @@ def frequent_thread_switches():
     sys.setswitchinterval(before)
 
 
+@pytest.mark.slow
 def test_every_request_submitted_while_the_server_stops_resolves(frequent_thread_switches):
     for _ in range(20):  # the race is between a submit's check and its enqueue: run it many times
         server = InferenceServer(_GenerateOnlyBackend, InferenceConfig(batch_wait_ms=0))

@@ -3,10 +3,14 @@ instead of letting the StepBuffer drop most of it (issue 37: 72% of a demo's gen
 
 import json
 
+import pytest
+
 from unstable.cli.main import main
 from unstable.tracking import keys
 
 from .runs import EXAMPLE, tiny_run
+
+pytestmark = pytest.mark.slow  # a run of unstable train
 
 
 def test_a_paced_run_drops_few_of_the_steps_it_generates(tiny_model_dir, tmp_path):

@@ -216,6 +216,7 @@ def test_a_wandb_project_without_wandb_installed_names_the_extra(tmp_path, monke
         WandbSink("UB", "demo", tmp_path)
 
 
+@pytest.mark.slow
 def test_wandb_offline_sink_writes_its_run_files(tmp_path, monkeypatch):
     from unstable.tracking.sinks import WandbSink
 

@@ -13,6 +13,8 @@ from unstable.pool.config import PoolConfig
 from unstable.records import Checkpoint, EnvSpec, Opponent
 from unstable.tracking import keys
 
+pytestmark = pytest.mark.slow  # simulates thousands of rated games
+
 SPEC = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
 # tictactoe-minimax:epsilon=e plays a random empty cell with probability e, else perfectly. Against random (600 games
 # each): epsilon 1.0, 0.8, 0.6, 0.4, 0.2, 0.0 win 0.42, 0.49, 0.59, 0.70, 0.78, 0.87 (the rest mostly draws)

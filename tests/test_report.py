@@ -74,6 +74,7 @@ def test_plot_data_are_the_jsonl_values():
     assert lines[keys.GAMES_PER_S][1] == [row[keys.GAMES_PER_S] for row in learner]
 
 
+@pytest.mark.slow
 def test_the_report_writes_every_plot_and_a_summary(tmp_path):
     path = write_report(RECORDED_RUN, tmp_path / "report")
     pngs = sorted(p.name for p in (tmp_path / "report").glob("*.png"))
@@ -89,6 +90,7 @@ def test_the_report_writes_every_plot_and_a_summary(tmp_path):
     assert "- learner steps: 20" in markdown and "![match_heatmap](match_heatmap.png)" in markdown
 
 
+@pytest.mark.slow
 def test_unstable_report_command(tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "unstable.cli.main", "report", str(RECORDED_RUN), "--out", str(tmp_path)],

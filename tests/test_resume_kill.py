@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from peft import get_peft_model_state_dict
@@ -27,6 +28,8 @@ from unstable.runtime.loop import LearnerLoop
 from unstable.tracking import Tracker, keys
 
 from .runs import EXAMPLE, tiny_run
+
+pytestmark = pytest.mark.slow  # runs of unstable train
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 

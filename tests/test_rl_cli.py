@@ -62,6 +62,7 @@ def test_bad_value_on_the_command_line_names_the_field(tmp_path, capsys):
     assert "policy_epochs='lots'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_tune_runs_three_trials_of_two_seeds_and_writes_the_best_config(tmp_path):
     argv = ["tune", "--n-trials", "3", "--seeds", "2", "--seed=5", f"--log_dir={tmp_path}", "--run_name=study"]
     argv += ["--vf_hidden_sizes=[4]", "--vf_pre_epochs=1", "--policy_epochs=1"]
@@ -78,6 +79,7 @@ def test_tune_runs_three_trials_of_two_seeds_and_writes_the_best_config(tmp_path
     assert (best.vf_pre_epochs, best.seed) == (1, 5)
 
 
+@pytest.mark.slow
 def test_tune_scores_are_the_mean_over_seeds(tmp_path):
     import optuna
 

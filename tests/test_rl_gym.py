@@ -56,6 +56,7 @@ def test_continuous_actions_are_scaled_to_the_box():
     assert env_actions(env, torch.tensor([[-5.0], [0.5]])).tolist() == [[-2.0], [1.0]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_one_train_step_on_each_kind_of_action(env_id, tmp_path):
     envs = make_vector_env(env_id, 2)
@@ -70,6 +71,7 @@ def test_one_train_step_on_each_kind_of_action(env_id, tmp_path):
     assert all(not torch.equal(a, b) for a, b in zip(vf_before, trainer.vf.parameters()))
 
 
+@pytest.mark.slow
 def test_train_gym_runs_evaluates_and_resumes(tmp_path):
     cfg = GymConfig(
         log_dir=str(tmp_path), num_envs=2, steps_per_collect=16, total_env_steps=128, eval_interval=2,
@@ -83,6 +85,7 @@ def test_train_gym_runs_evaluates_and_resumes(tmp_path):
     assert stats_again[EVAL_MEAN_RETURN] > 0
 
 
+@pytest.mark.slow
 def test_cartpole_example_trains_through_the_launcher(tmp_path, monkeypatch):
     path = Path(__file__).resolve().parents[1] / "examples" / "gym_cartpole.py"
     spec = importlib.util.spec_from_file_location("gym_cartpole", path)

@@ -65,6 +65,7 @@ def config(tmp_path, **changes) -> TrainerConfig:
     return TrainerConfig(**(base | changes))
 
 
+@pytest.mark.slow
 def test_bandit_learns_to_pull_the_paying_arm(tmp_path):
     torch.manual_seed(0)
     agent = BanditAgent()

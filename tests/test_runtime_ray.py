@@ -11,6 +11,8 @@ from unstable.tracking.history import LATEST_TABLES_FILE
 
 from .runs import EXAMPLE, tiny_run
 
+pytestmark = pytest.mark.slow  # Ray
+
 
 def test_two_learner_steps_through_ray(tiny_model_dir, tmp_path):
     overrides = tiny_run(

@@ -87,6 +87,7 @@ def minimax_results(env, agent, seat: int, results: list) -> None:
             minimax_results(branch_env, branch_agent, seat, results)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seat", [0, 1])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_minimax_never_loses_against_any_opponent(seat, seed):
@@ -170,6 +171,7 @@ def test_nim_optimal_move_format():
     assert NimOptimalAgent(0).act(observation).action == "[0 2]"
 
 
+@pytest.mark.slow
 def test_kuhn_infoset_across_rounds_and_empirical_frequencies():
     """Nash agent vs random through the real 3-round env: its parsed information set matches the env's true
     state in every round, and its bet/call frequency per information set matches the equilibrium."""

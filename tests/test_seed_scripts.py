@@ -20,6 +20,8 @@ from unstable.tracking import keys
 
 from .chat_server import completion, serve
 
+pytestmark = pytest.mark.slow  # the seed scripts on Ray
+
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = ROOT.parent / "shared" / "seeds"
 SEED_MODEL = '"Qwen/Qwen3-1.7B-base"'

@@ -7,9 +7,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from unstable.pool import ModelPool
 from unstable.records import GameRecord
 from unstable.tracking import Tracker, keys
+
+pytestmark = pytest.mark.slow  # runs the terminal program
 
 
 def _recorded_run(run_dir) -> None:

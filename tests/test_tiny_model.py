@@ -12,6 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from unstable.games.moves import legal_moves
 from unstable.models import build_tiny_model, build_tokenizer, ensure_tiny_model, tiny
 
+pytestmark = pytest.mark.slow  # builds models
+
 TICTACTOE_OBS = (
     "You are Player 0 in Tic Tac Toe.\nFor example, '[4]' places your mark in the center cell of the board.\n\n"
     "Player 0 placed their symbol (O) in cell 4.\n\nCurrent Board:\n\n X | 1 | 2 \n---+---+---\n 3 | O | 5 \n"

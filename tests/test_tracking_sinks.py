@@ -22,6 +22,7 @@ def test_scalars_keep_numbers_and_spread_per_actor_lists():
     }
 
 
+@pytest.mark.slow
 def test_tensorboard_event_files_hold_the_scalars(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -39,6 +40,7 @@ def test_tensorboard_event_files_hold_the_scalars(tmp_path):
     assert keys.TIME in events.Tags()["scalars"]  # the tracker's own aggregates go there too
 
 
+@pytest.mark.slow
 def test_wandb_offline_writes_its_files_under_wandb_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-dir"))
