@@ -38,23 +38,30 @@ def build_tiny_model_with_progress(out_dir: str | Path) -> Path:
         return ensure_tiny_model(out_dir)
 
 
+PROGRESS_OPPONENTS = 3  # opponents whose win rate the progress line shows
+
+
 def format_progress(row: dict[str, Any], total_steps: int) -> str:
-    """One line per learner step: throughput, loss and the rolling eval result."""
+    """One line per learner step: throughput, loss and what is learning, the training win rate against each
+    opponent over the tracker's rolling window (the most played first, at most `PROGRESS_OPPONENTS`)."""
     from unstable.tracking import keys
 
-    eval_part = "eval n/a"
-    if row.get(keys.EVAL_GAMES):
-        eval_part = (
-            f"eval W/D/L {row[keys.EVAL_WIN_RATE]:.2f}/{row[keys.EVAL_DRAW_RATE]:.2f}/"
-            f"{row[keys.EVAL_LOSS_RATE]:.2f} (n={row[keys.EVAL_GAMES]})"
-        )
     loss = f"{row[keys.LOSS]:+.4f}" if keys.LOSS in row else "    n/a"
     return (
         f"step {row.get(keys.STEP, 0):>4}/{total_steps} | {row[keys.TIME]:7.1f}s | "
         f"games/s {row.get(keys.GAMES_PER_S, 0):5.2f} | tok/s {row.get(keys.INFERENCE_TOKENS_PER_S, 0):7.1f} | "
         f"loss {loss} | reward {row.get(keys.MEAN_REWARD, 0):+.2f} | "
-        f"format {row.get(keys.FORMAT_OK_RATE, 0):.2f} | {eval_part}"
+        f"format {row.get(keys.FORMAT_OK_RATE, 0):.2f} | {_win_rates(row.get(keys.TRAIN_WDL_BY_OPPONENT) or {})}"
     )
+
+
+def _win_rates(by_opponent: dict[str, dict[str, float]]) -> str:
+    """`win vs random 0.52 (n=480), ckpt-3 0.47 (n=35)`, the most played opponents first; `+k more` beyond
+    `PROGRESS_OPPONENTS`; `win vs n/a` while the window holds no game against an opponent (only self-play)."""
+    ranked = sorted(by_opponent.items(), key=lambda item: -item[1]["games"])
+    shown = [f"{name} {wdl['win_rate']:.2f} (n={wdl['games']})" for name, wdl in ranked[:PROGRESS_OPPONENTS]]
+    more = f" +{len(ranked) - PROGRESS_OPPONENTS} more" if len(ranked) > PROGRESS_OPPONENTS else ""
+    return f"win vs {', '.join(shown)}{more}" if shown else "win vs n/a"
 
 
 def _format_eval(name: str, table: dict[str, Any]) -> str:
