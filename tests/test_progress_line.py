@@ -3,11 +3,14 @@ opponent over the tracker's rolling window, not a frozen evaluation."""
 
 import re
 
+import pytest
+
 from unstable.cli.main import main
 
 from .runs import EXAMPLE, tiny_run
 
 
+@pytest.mark.slow
 def test_the_progress_line_shows_the_training_win_rate_per_opponent(tiny_model_dir, tmp_path, capsys):
     overrides = tiny_run(
         tmp_path,
