@@ -221,6 +221,12 @@ CASES = [
     ("no resume state kept", _with("learner.resume_state.keep_last=0"), "resume_state.keep_last"),
     ("tables written every 0 steps", _with("tracker.tables_every=0"), "tracker.tables_every"),
     ("a negative number of retired checkpoints kept", _with("pool.max_retired=-1"), "pool.max_retired"),
+    ("play of an unknown env", _cli("play", "random", "--env", "TicTacToe-v9"), "--env"),
+    ("play of a missing checkpoint", _cli("play", "TMP/none"), "CHECKPOINT"),
+    ("play of a directory that is no checkpoint", _cli("play", "TMP"), "CHECKPOINT"),
+    ("play of a model whose config.json is broken", _cli("play", "TMP/broken"), "CHECKPOINT"),
+    ("play in a seat the game does not have", _cli("play", "random", "--seat", "2"), "--seat"),
+    ("play saving under a file", _cli("play", "random", "--out", "TMP/a-file/play"), "--out"),
 ]
 
 

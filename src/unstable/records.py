@@ -6,8 +6,13 @@ samples (a `Step` with its `reward` filled in); the learner turns samples into a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
+
+# the file, in a directory of saved games, that `append_games` adds each game's records to
+GAMES_FILE = "records.jsonl"
 
 
 @dataclass(frozen=True)
@@ -171,3 +176,14 @@ class GameRecord:
             return "win" if mine > 0 else "draw" if mine == 0 else "loss"
         best_other = max(others)
         return "win" if mine > best_other else "draw" if mine == best_other else "loss"
+
+
+def append_games(directory: str | Path, records: list[GameRecord]) -> Path:
+    """Append one game's records (one, or its branches) as a JSON list on one line of `directory/GAMES_FILE`,
+    making `directory` if needed; returns the file. The one format in which games are saved (the collector's
+    test hook, `unstable play`); the caller serialises concurrent writers."""
+    path = Path(directory) / GAMES_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps([asdict(record) for record in records], default=str) + "\n")
+    return path

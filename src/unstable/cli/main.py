@@ -1,5 +1,5 @@
 """The `unstable` command line: train from a YAML config, watch a run (`dashboard`), plot it (`report`),
-warm-start by SFT, evaluate, build the tiny model, list envs."""
+warm-start by SFT, evaluate, play a checkpoint yourself, build the tiny model, list envs."""
 
 from __future__ import annotations
 
@@ -38,23 +38,30 @@ def build_tiny_model_with_progress(out_dir: str | Path) -> Path:
         return ensure_tiny_model(out_dir)
 
 
+PROGRESS_OPPONENTS = 3  # opponents whose win rate the progress line shows
+
+
 def format_progress(row: dict[str, Any], total_steps: int) -> str:
-    """One line per learner step: throughput, loss and the rolling eval result."""
+    """One line per learner step: throughput, loss and what is learning, the training win rate against each
+    opponent over the tracker's rolling window (the most played first, at most `PROGRESS_OPPONENTS`)."""
     from unstable.tracking import keys
 
-    eval_part = "eval n/a"
-    if row.get(keys.EVAL_GAMES):
-        eval_part = (
-            f"eval W/D/L {row[keys.EVAL_WIN_RATE]:.2f}/{row[keys.EVAL_DRAW_RATE]:.2f}/"
-            f"{row[keys.EVAL_LOSS_RATE]:.2f} (n={row[keys.EVAL_GAMES]})"
-        )
     loss = f"{row[keys.LOSS]:+.4f}" if keys.LOSS in row else "    n/a"
     return (
         f"step {row.get(keys.STEP, 0):>4}/{total_steps} | {row[keys.TIME]:7.1f}s | "
         f"games/s {row.get(keys.GAMES_PER_S, 0):5.2f} | tok/s {row.get(keys.INFERENCE_TOKENS_PER_S, 0):7.1f} | "
         f"loss {loss} | reward {row.get(keys.MEAN_REWARD, 0):+.2f} | "
-        f"format {row.get(keys.FORMAT_OK_RATE, 0):.2f} | {eval_part}"
+        f"format {row.get(keys.FORMAT_OK_RATE, 0):.2f} | {_win_rates(row.get(keys.TRAIN_WDL_BY_OPPONENT) or {})}"
     )
+
+
+def _win_rates(by_opponent: dict[str, dict[str, float]]) -> str:
+    """`win vs random 0.52 (n=480), ckpt-3 0.47 (n=35)`, the most played opponents first; `+k more` beyond
+    `PROGRESS_OPPONENTS`; `win vs n/a` while the window holds no game against an opponent (only self-play)."""
+    ranked = sorted(by_opponent.items(), key=lambda item: -item[1]["games"])
+    shown = [f"{name} {wdl['win_rate']:.2f} (n={wdl['games']})" for name, wdl in ranked[:PROGRESS_OPPONENTS]]
+    more = f" +{len(ranked) - PROGRESS_OPPONENTS} more" if len(ranked) > PROGRESS_OPPONENTS else ""
+    return f"win vs {', '.join(shown)}{more}" if shown else "win vs n/a"
 
 
 def _format_eval(name: str, table: dict[str, Any]) -> str:
@@ -230,13 +237,21 @@ def _add_model_and_env_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
 
 
+def check_threads(threads: int | None) -> None:
+    """A ConfigError when `--threads` is set outside 1..MAX_THREADS."""
+    from unstable.config import ConfigError
+    from unstable.settings import MAX_THREADS
+
+    if threads is not None and not 1 <= threads <= MAX_THREADS:
+        raise ConfigError(f"--threads {threads}: at least 1, at most {MAX_THREADS}")
+
+
 def _model_and_spec(args: argparse.Namespace):
     """The model path (the tiny model built there first with --build-tiny) and the game, after checking the model
     path and --threads: a bad one is a ConfigError before any work."""
     from unstable.config import ConfigError
     from unstable.config.schema import check_model_path
     from unstable.records import EnvSpec
-    from unstable.settings import MAX_THREADS
 
     try:
         check_model_path(args.model, build_tiny=args.build_tiny)
@@ -244,8 +259,7 @@ def _model_and_spec(args: argparse.Namespace):
         raise ConfigError(f"--model {args.model}: {exc}") from None
     if args.build_tiny:
         check_makeable("--model", args.model)
-    if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
-        raise ConfigError(f"--threads {args.threads}: at least 1, at most {MAX_THREADS}")
+    check_threads(args.threads)
     model = str(build_tiny_model_with_progress(args.model)) if args.build_tiny else args.model
     return model, EnvSpec(args.env, args.num_players, args.template)
 
@@ -323,6 +337,72 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _play_setup(args: argparse.Namespace):
+    """The opponent, the model it is served on (None: no model), the game and the model's sampling settings of
+    `unstable play`, every argument checked first: a bad one is a ConfigError before any work, nothing created."""
+    from pydantic import ValidationError
+
+    from unstable.config import ConfigError
+    from unstable.config.schema import check_model_path
+    from unstable.evaluation.play import resolve_opponent
+    from unstable.games.registry import validate_env_id
+    from unstable.inference import InferenceConfig
+    from unstable.records import EnvSpec
+
+    try:
+        validate_env_id(args.env)
+    except ValueError as exc:
+        raise ConfigError(f"--env {args.env}: {exc}") from None
+    if not 0 <= args.seat < args.num_players:
+        raise ConfigError(f"--seat {args.seat}: a seat of the {args.num_players} players, 0 to {args.num_players - 1}")
+    check_makeable("--out", args.out)
+    check_threads(args.threads)
+    try:
+        inference = InferenceConfig(
+            max_new_tokens=args.max_new_tokens, temperature=args.temperature, num_threads=args.threads
+        )
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise ConfigError(f"--{error['loc'][0].replace('_', '-')} {error['input']}: {error['msg']}") from None
+    try:
+        opponent, model = resolve_opponent(args.checkpoint, args.model)
+    except ValueError as exc:
+        raise ConfigError(f"CHECKPOINT {args.checkpoint}: {exc}") from None
+    if model is not None:
+        try:
+            check_model_path(model)
+        except ValueError as exc:
+            named = "CHECKPOINT" if model == args.checkpoint else "--model" if args.model else "recorded base model"
+            raise ConfigError(f"{named} {model}: {exc}") from None
+    return opponent, model, EnvSpec(args.env, args.num_players, args.template), inference
+
+
+def cmd_play(args: argparse.Namespace) -> int:
+    """`unstable play CHECKPOINT`: a person plays one game against a checkpoint or a pool opponent in the
+    terminal; the game is saved under --out. End of input (Ctrl-D) or `quit` leaves the game unsaved."""
+    from unstable.agents.human import QUIT, HumanAgent, PlayerQuit
+    from unstable.evaluation.play import describe_result, play_person
+    from unstable.records import append_games
+
+    opponent, model, spec, inference = _play_setup(args)
+    if model is not None:
+        base = f" (on {model})" if model != args.checkpoint else ""
+        print(f"unstable: loading {args.checkpoint}{base}", flush=True)
+    print(
+        f"unstable: you are player {args.seat} of {spec.env_id} against {args.checkpoint}; type your move in the "
+        f"game's format (e.g. [4]), or {QUIT}",
+        flush=True,
+    )
+    try:
+        record = play_person(spec, HumanAgent(), args.seat, opponent, model, inference, seed=args.seed)
+    except (PlayerQuit, KeyboardInterrupt):
+        print("\nunstable: you left the game; it is not saved")
+        return 0
+    print(f"\nunstable: {describe_result(record, args.seat)}")
+    print(f"game saved: {append_games(args.out, [record])}")
+    return 1 if record.failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
     parser = argparse.ArgumentParser(prog="unstable", description=__doc__)
@@ -383,6 +463,26 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--concurrency", type=int, default=32, help="games in flight")
     evaluation.add_argument("--out", default=None, help="write the report as JSON here")
     evaluation.set_defaults(func=cmd_eval)
+    play = sub.add_parser("play", help="play a checkpoint or a pool opponent yourself, in the terminal")
+    play.add_argument(
+        "checkpoint",
+        metavar="CHECKPOINT",
+        help="a LoRA adapter or whole-model checkpoint directory, or a pool opponent's name (random, "
+        "tictactoe-minimax, an API model 'org/model')",
+    )
+    play.add_argument("--env", default="TicTacToe-v0", help="TextArena env id")
+    play.add_argument("--seat", type=int, default=0, help="your seat (player id): 0 moves first")
+    play.add_argument(
+        "--model", default=None, help="the base model of an adapter CHECKPOINT (default: the one it records)"
+    )
+    play.add_argument("--num-players", type=int, default=2)
+    play.add_argument("--template", default="qwen3-zs", type=_arg_type(_template), help="the model's prompt template")
+    play.add_argument("--temperature", type=float, default=1.0, help="the model's sampling temperature (0: greedy)")
+    play.add_argument("--max-new-tokens", type=int, default=8)
+    play.add_argument("--seed", type=int, default=0)
+    play.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    play.add_argument("--out", default="runs/play", help="the directory whose records.jsonl the game is added to")
+    play.set_defaults(func=cmd_play)
     envs = sub.add_parser("envs", help="list TextArena env ids")
     envs.set_defaults(func=cmd_envs)
     return parser

@@ -14,13 +14,10 @@ whole game (the branches share its prefix, so they are not independent games).
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict
-from pathlib import Path
 
 from unstable.agents.policy import GenerationClient, PolicyAgent
 from unstable.agents.seating import make_agent, parse_opponent, seat_agents
@@ -30,7 +27,7 @@ from unstable.collector.pacing import Pacing
 from unstable.games.branching import play_branched_episode
 from unstable.games.episode import play_episode
 from unstable.games.templates import get_template
-from unstable.records import GameRecord
+from unstable.records import GameRecord, append_games
 from unstable.tracking import keys
 from unstable.tracking.tracker import summarize_game
 
@@ -39,7 +36,8 @@ log = logging.getLogger(__name__)
 GAMES_PER_SESSION = 2**32  # more games than one session of a run plays
 
 # test hook: a directory to which every training game's records (all its branches) are appended, one JSON list a
-# line in `records.jsonl`, so a test of a whole run can read what its games saw (e.g. each branch's deals)
+# line in `records.jsonl` (`records.append_games`), so a test of a whole run can read what its games saw (e.g. each
+# branch's deals)
 RECORDS_ENV = "UNSTABLE_TEST_RECORDS_DIR"
 _RECORDS_FILE = threading.Lock()
 
@@ -226,5 +224,5 @@ def _write_for_test(records: list[GameRecord]) -> None:
     """The test hook of `RECORDS_ENV` (nothing when it is unset)."""
     directory = os.environ.get(RECORDS_ENV)
     if directory:
-        with _RECORDS_FILE, open(Path(directory) / "records.jsonl", "a") as f:
-            f.write(json.dumps([asdict(record) for record in records], default=str) + "\n")
+        with _RECORDS_FILE:
+            append_games(directory, records)

@@ -13,8 +13,9 @@ probability of the aggressive move, and `exploitability` computes the best respo
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,22 @@ def is_kuhn(spec: EnvSpec) -> bool:
     return spec.env_id.startswith("KuhnPoker-")
 
 
+@contextmanager
+def serving(
+    model_path: str, inference: InferenceConfig, adapters: int = 1, seed: int = 0
+) -> Iterator[tuple[InferenceServer, Any]]:
+    """A started in-process `InferenceServer` on the transformers engine for `model_path` (room for `adapters` LoRA
+    adapters, loaded when a request names one) and its tokenizer; the server stops on leaving."""
+    inference = inference.model_copy(update={"backend": "transformers", "max_loras": adapters})
+    backend = make_backend(model_path, inference, seed=seed)
+    server = InferenceServer(lambda: backend, inference)
+    server.start()
+    try:
+        yield server, backend.tokenizer
+    finally:
+        server.stop()
+
+
 def evaluate(
     model_path: str,
     spec: EnvSpec,
@@ -151,12 +168,8 @@ def evaluate(
     (a progress bar counts them)."""
     parsed = {name: parse_opponent(name) for name in opponents}
     adapters = sum(o.checkpoint is not None for o in parsed.values()) + 1
-    inference = inference.model_copy(update={"backend": "transformers", "max_loras": adapters})
-    backend = make_backend(model_path, inference, seed=seed)
-    server = InferenceServer(lambda: backend, inference)
-    server.start()
     model = Checkpoint(MODEL_UID, adapter)
-    try:
+    with serving(model_path, inference, adapters, seed) as (server, tokenizer):
         results = {
             name: summarize_matches(
                 play_matches(
@@ -165,7 +178,7 @@ def evaluate(
                     spec,
                     opponent,
                     games_per_opponent,
-                    tokenizer=backend.tokenizer,
+                    tokenizer=tokenizer,
                     seed=seed,
                     concurrency=concurrency,
                     max_turns=max_turns,
@@ -174,8 +187,6 @@ def evaluate(
             )
             for name, opponent in parsed.items()
         }
-    finally:
-        server.stop()
     report = {
         "model": model_path,
         "adapter": adapter,

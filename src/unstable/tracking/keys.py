@@ -61,6 +61,9 @@ INVALID_MOVE_RATE = "collector/invalid_move_rate"
 # such as TicTacToe, where it falls as the policy settles on a few openings
 ACTION_ENTROPY = "collector/action_entropy"
 DISTINCT_ACTIONS = "collector/distinct_actions"
+# the learner's W/D/L against each opponent over the same window, {opponent: {"games", "win_rate", "draw_rate",
+# "loss_rate"}} (mirror self-play games have no opponent and are left out); what `unstable train` prints per step
+TRAIN_WDL_BY_OPPONENT = "collector/wdl_by_opponent"
 # training games whose start pacing held back while their steps would not fit in the StepBuffer (collector.pacing):
 # each counted once, however long it waited; counted since the collector (re)started
 GAMES_HELD_BACK = "collector/games_held_back"

@@ -114,6 +114,19 @@ def truncate_metrics(path: Path, step: int) -> int:
     return len(lines) - kept
 
 
+def wdl_by_opponent(games: Iterable[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Games and W/D/L rates of the learner against each opponent in `games` (summaries; those without an
+    opponent, mirror self-play, left out)."""
+    outcomes: dict[str, list[str]] = {}
+    for game in games:
+        if game["opponent"] is not None and game["outcome"] is not None:
+            outcomes.setdefault(game["opponent"], []).append(game["outcome"])
+    columns = ("games", "win_rate", "draw_rate", "loss_rate")
+    return {
+        opponent: {column: wdl_summary(results)[column] for column in columns} for opponent, results in outcomes.items()
+    }
+
+
 class MetricSource(Protocol):
     """A component whose gauges the Tracker reads when it writes a row (buffer, pool, inference client)."""
 
@@ -126,9 +139,9 @@ class Tracker:
 
     `log(metrics)` writes a row: `metrics`, the collector's counts and throughput since the previous row, its
     rates over the rolling window of the last `cfg.window_games` training games (format, invalid moves, game
-    length, time per turn, action entropy), the eval W/D/L over the last `cfg.window_games` eval games, and
-    the current `metrics()` of every source added with `add_source`. It returns the row, so nothing reaches a
-    caller that the file does not hold.
+    length, time per turn, action entropy, W/D/L per opponent), the eval W/D/L over the last `cfg.window_games`
+    eval games, and the current `metrics()` of every source added with `add_source`. It returns the row, so
+    nothing reaches a caller that the file does not hold.
     """
 
     def __init__(self, run_dir: str | os.PathLike, sinks: list[Any] | None = None, cfg: TrackerConfig | None = None):
@@ -250,6 +263,7 @@ class Tracker:
             keys.INVALID_MOVE_RATE: sum(g["invalid_moves"] for g in games) / decisions,
             keys.ACTION_ENTROPY: entropy_bits(moves),
             keys.DISTINCT_ACTIONS: len(set(moves)),
+            keys.TRAIN_WDL_BY_OPPONENT: wdl_by_opponent(games),
         }
 
     def _eval_rates(self) -> dict[str, float]:
