@@ -102,6 +102,7 @@ def terminal():
         each.close()
 
 
+@pytest.mark.slow  # runs the command under tmux
 def test_a_person_plays_the_random_agent_by_name_and_the_game_is_saved(terminal, tmp_path):
     out = tmp_path / "games"
     screen = terminal("random", "--env", "TicTacToe-v0", "--seat", "1", "--out", str(out)).play(["hello"])
@@ -134,6 +135,7 @@ def test_a_person_plays_a_whole_model_checkpoint(terminal, tiny_model_dir, tmp_p
     _check_finished_game(screen, out, "model", seat=0)
 
 
+@pytest.mark.slow  # runs the command under tmux
 def test_quit_or_ctrl_d_ends_the_game_with_a_line_and_saves_nothing(terminal, tmp_path):
     out = tmp_path / "games"
     screen = terminal("tictactoe-minimax", "--out", str(out)).play(["[4]", "quit"])
