@@ -13,7 +13,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "unstable"
 
 LAYERS = [
-    {"records", "settings"},
+    {"records", "settings", "atomic"},
     {"batching", "trainable", "rl", "tracking", "dashboard", "report", "games", "agents"},
     {"models", "inference", "rewards", "reward_transformations"},
     {"buffer", "pool", "collector"},
@@ -51,7 +51,8 @@ def _imports(module: str, path: Path) -> set[str]:
             base = node.module or ""
             if node.level:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base]).strip(".")
-            names.add(base)
+            submodules = {f"{base}.{alias.name}" for alias in node.names} & set(MODULES)  # from unstable import atomic
+            names |= submodules or {base}
     return {name for name in names if name == "unstable" or name.startswith("unstable.")}
 
 

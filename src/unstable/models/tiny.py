@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import pathlib
 import random
-import shutil
 import tempfile
 from collections.abc import Iterable, Sequence
+
+from unstable import atomic
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -181,17 +182,6 @@ def _build_model(tokenizer, seed: int, initializer_range: float, **sizes):
     return model
 
 
-def _move_into_place(built: pathlib.Path, out_dir: pathlib.Path) -> None:
-    """Rename the finished ``built`` directory to ``out_dir``, replacing any previous build there."""
-    if out_dir.exists():
-        stale = pathlib.Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-        os.replace(out_dir, stale / out_dir.name)
-        os.replace(built, out_dir)
-        shutil.rmtree(stale)
-    else:
-        os.replace(built, out_dir)
-
-
 def build_tiny_model(
     out_dir: str | os.PathLike,
     *,
@@ -234,14 +224,12 @@ def build_tiny_model(
         head_dim=head_dim,
         intermediate_size=intermediate_size,
     )
+    # a unique name, not out_dir.tmp: two processes may build the same model at once
     building = pathlib.Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
-    try:
+    with atomic.replace_dir(out_dir, building):
         tokenizer.save_pretrained(building)
         model.save_pretrained(building, safe_serialization=True)
         building.chmod(0o755)  # mkdtemp makes it owner-only
-        _move_into_place(building, out_dir)
-    finally:
-        shutil.rmtree(building, ignore_errors=True)
     return out_dir
 
 
