@@ -221,6 +221,11 @@ CASES = [
     ("no resume state kept", _with("learner.resume_state.keep_last=0"), "resume_state.keep_last"),
     ("tables written every 0 steps", _with("tracker.tables_every=0"), "tracker.tables_every"),
     ("a negative number of retired checkpoints kept", _with("pool.max_retired=-1"), "pool.max_retired"),
+    (
+        "a renamed vtrace_awr argument",
+        _with("learner.algorithm.name=vtrace_awr", "learner.algorithm.args={temperature: 0.5}"),
+        "awr_temperature",
+    ),
 ]
 
 
