@@ -6,6 +6,7 @@ lazily, not a way around the layering). `docs/architecture.md` draws the same la
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,16 @@ def test_plain_logic_never_imports_ray():
             imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
             imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
             assert not {name for name in imported if name == "ray" or name.startswith("ray.")}, module
+
+
+def test_seed_means_a_random_seed_only():
+    """The original UnstableBaselines API and documents are called so ("the original API"), never "the seed":
+    in this package a seed is a random seed."""
+    pattern = re.compile(r"seed's|seed 00\d|seed (?:script|document|api|keyword)s?\b|from_seed|seed_kwargs", re.I)
+    found = [
+        f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}"
+        for path in PACKAGE.rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not found, "\n".join(found)

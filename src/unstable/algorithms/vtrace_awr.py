@@ -1,5 +1,5 @@
 """V-trace advantages, an AWR policy loss, a Lagrangian KL penalty and a value function fitted mostly on cached
-state encodings: ubrl's algorithm (seed 004), rebuilt from its description.
+state encodings: ubrl's algorithm, rebuilt from its README.
 
 Decisions are one-step episodes. Batches are random samples of steps and a step's reward is already its game's
 outcome plus shaping (a return, not a per-turn reward), so each decision is treated as an episode that ends

@@ -1,4 +1,4 @@
-"""`TorchTrainer`: seed 004's algorithm (V-trace advantages, AWR weighted likelihood, a KL Lagrange multiplier
+"""`TorchTrainer`: ubrl's algorithm (V-trace advantages, AWR weighted likelihood, a KL Lagrange multiplier
 and a value function trained mostly on frozen state encodings) for any `Agent`, plus checkpoint and resume.
 
 Each `train_step` runs over the replay buffer (the newest episodes, about `replay_buffer_steps` time-steps):

@@ -1,7 +1,7 @@
 """Runs a built topology: evaluate, collect and learn concurrently, evaluate again; and `train`, which does it all
 (after the supervised warm start, when the config has one).
 
-`run` works on any `Topology`, so every front end (the YAML/CLI path here, the seed's Ray-actor API) drives
+`run` works on any `Topology`, so every front end (the YAML/CLI path here, the original API's Ray actors) drives
 the same actors the same way.
 """
 
