@@ -11,9 +11,10 @@ import torch
 
 from unstable.algorithms import A2C, ALGORITHMS, PPO, Reinforce, VTraceAWR
 from unstable.algorithms.base import normalized_sum
+from unstable.algorithms.batching import collate, decision_positions, micro_batches, pack_micro_batches
 from unstable.algorithms.group_baseline import group_advantages
+from unstable.algorithms.trainable import PolicyOutput
 from unstable.algorithms.vtrace_awr import one_step_vtrace
-from unstable.batching import collate, decision_positions, micro_batches, pack_micro_batches
 from unstable.buffer import StepBuffer
 from unstable.config import ConfigError, validate_config
 from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
@@ -22,7 +23,6 @@ from unstable.records import Step
 from unstable.rl import TrainerConfig, awr_weights
 from unstable.runtime.loop import LearnerLoop
 from unstable.tracking import Tracker, keys
-from unstable.trainable import PolicyOutput
 
 E = math.e
 

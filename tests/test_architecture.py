@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "unstable"
 
 LAYERS = [
     {"records", "settings", "atomic"},
-    {"batching", "trainable", "rl", "tracking", "dashboard", "report", "games", "agents"},
+    {"rl", "tracking", "dashboard", "report", "games", "agents"},
     {"models", "inference", "rewards", "reward_transformations"},
     {"buffer", "pool", "collector"},
     {"algorithms"},
@@ -98,3 +98,10 @@ def test_seed_means_a_random_seed_only():
         if pattern.search(line)
     ]
     assert not found, "\n".join(found)
+
+
+def test_the_algorithms_contract_lives_beside_them():
+    """`base` (BaseAlgo), `batching` (steps to tensors) and `trainable` (the interface algorithms train through)
+    are the algorithms' contract, so they live in `algorithms/`."""
+    contract = {f"unstable.algorithms.{name}" for name in ("base", "batching", "trainable")}
+    assert contract <= set(MODULES) and not {"unstable.batching", "unstable.trainable"} & set(MODULES)

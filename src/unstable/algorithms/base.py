@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from unstable.batching import TokenBatch
+from unstable.algorithms.batching import TokenBatch
+from unstable.algorithms.trainable import TrainablePolicy
 from unstable.records import Step
-from unstable.trainable import TrainablePolicy
 
 
 class BaseAlgo(ABC):

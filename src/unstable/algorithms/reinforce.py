@@ -17,11 +17,11 @@ from __future__ import annotations
 import torch
 
 from unstable.algorithms.base import BaseAlgo, normalized_sum
-from unstable.batching import TokenBatch
+from unstable.algorithms.batching import TokenBatch
+from unstable.algorithms.trainable import TrainablePolicy
 from unstable.records import Step
 from unstable.rl import approx_kl
 from unstable.tracking import keys
-from unstable.trainable import TrainablePolicy
 
 
 class Reinforce(BaseAlgo):

@@ -42,8 +42,9 @@ import torch
 import torch.nn.functional as F
 
 from unstable.algorithms.base import BaseAlgo, normalized_sum, restore_rng
+from unstable.algorithms.batching import TokenBatch
+from unstable.algorithms.trainable import TrainablePolicy
 from unstable.algorithms.value import attach_value_head
-from unstable.batching import TokenBatch
 from unstable.records import Step
 from unstable.rl import (
     KLController,
@@ -55,7 +56,6 @@ from unstable.rl import (
     weighted_nll_loss,
 )
 from unstable.tracking import keys
-from unstable.trainable import TrainablePolicy
 
 
 class VTraceAWR(BaseAlgo):

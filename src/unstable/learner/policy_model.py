@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 
 from unstable import atomic
-from unstable.batching import TokenBatch, decision_positions, micro_batches
+from unstable.algorithms.batching import TokenBatch, decision_positions, micro_batches
+from unstable.algorithms.trainable import PolicyOutput
 from unstable.inference.decoding import top_p_nucleus
 from unstable.learner.config import LearnerConfig
 from unstable.records import Step
-from unstable.trainable import PolicyOutput
 
 # A chunk's top-p nuclei are sorted in this many parts: the probabilities, the sort's values and int64 indices and
 # the running sums cost about 6x the rows' float32 logits, so each part's temporaries stay below the chunk's logits.
