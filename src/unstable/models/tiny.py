@@ -203,7 +203,7 @@ def build_tiny_model(
     equals the tokenizer's. Weights are deterministic for a given ``seed``; their standard deviation
     ``initializer_range`` is 0.1 rather than Qwen3's 0.02, because at 0.02 a model this small (tied
     embeddings of norm ~0.2) cannot make sharp predictions and learns to read the board far more slowly
-    (docs/learning.md). ``head_dim`` must be at
+    (docs/learning.md, "Warm start"). ``head_dim`` must be at
     least 32 (vLLM's CPU attention backend supports head sizes 32, 64, 80, ...). The model is written
     to a temporary sibling directory and renamed into place, so ``out_dir`` is never half-built; an
     existing ``out_dir`` is replaced.
