@@ -61,11 +61,11 @@ TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
 KUHN = EnvSpec("KuhnPoker-v0-single-train", 2, "qwen3-zs")
 SPECS = {"tictactoe": TICTACTOE, "kuhn": KUHN}
 OPPONENTS = {TICTACTOE: ["random", "tictactoe-minimax"], KUHN: ["random", "kuhn-nash"]}
-# The default recipe per game (docs/learning.md, "Across seeds"), with the settings defaults below (TicTacToe: lr 4e-4
-# after 10 warm-up updates, decayed by a cosine over the run's 250 steps; Kuhn Poker: 2e-4 over 60): Kuhn Poker's
-# Reinforce is held near its equilibrium warm start by a KL penalty; TicTacToe's runs without one (against the random
-# agent the penalty only held the policy near its random-move warm start). The other algorithms run with their
-# defaults.
+# The default recipe per game (docs/learning.md, "The learning benchmark's recipe"), with the settings defaults below
+# (TicTacToe: lr 4e-4 after 10 warm-up updates, decayed by a cosine over the run's 250 steps; Kuhn Poker: 2e-4 over
+# 60): Kuhn Poker's Reinforce is held near its equilibrium warm start by a KL penalty; TicTacToe's runs without one
+# (against the random agent the penalty only held the policy near its random-move warm start). The other algorithms
+# run with their defaults.
 RECIPE_ARGS = {(KUHN, "reinforce"): {"ref_kl_coef": 0.1}}
 # The batch baseline per game when `--baseline` names none: TicTacToe's RL games mix opponents, so its rewards are
 # z-scored per opponent (a draw against minimax counts above a loss to it, not below the wins against random);
@@ -104,7 +104,8 @@ class Settings:
     sft_lr: float = 1e-3
     rl_steps: int = 250
     # TicTacToe's (Kuhn Poker: kuhn_rl_batch_size); at 64, recipes that won more against random had a seed settle
-    # early on a favourite corner that minimax beats; at 128 six seeds of six opened in the center (docs/learning.md)
+    # early on a favourite corner that minimax beats; at 128 six seeds of six opened in the center
+    # (experiments/log.md, "Across seeds: branched games, a favourite cell, and a batch of 128")
     rl_batch_size: int = 128
     # TicTacToe's (Kuhn Poker: kuhn_rl_lr); at 6e-4 without warm-up, 7 of 16 seeds' valid-answer rate fell below 0.9
     rl_lr: float = 4e-4

@@ -2,6 +2,8 @@
 tiny model that each algorithm must learn."""
 
 import copy
+import dataclasses
+import inspect
 import math
 
 import pytest
@@ -9,18 +11,18 @@ import torch
 
 from unstable.algorithms import A2C, ALGORITHMS, PPO, Reinforce, VTraceAWR
 from unstable.algorithms.base import normalized_sum
+from unstable.algorithms.batching import collate, decision_positions, micro_batches, pack_micro_batches
 from unstable.algorithms.group_baseline import group_advantages
+from unstable.algorithms.trainable import PolicyOutput
 from unstable.algorithms.vtrace_awr import one_step_vtrace
-from unstable.batching import collate, decision_positions, micro_batches, pack_micro_batches
 from unstable.buffer import StepBuffer
 from unstable.config import ConfigError, validate_config
 from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
 from unstable.pool import ModelPool
 from unstable.records import Step
-from unstable.rl import awr_weights
+from unstable.rl import TrainerConfig, awr_weights
 from unstable.runtime.loop import LearnerLoop
 from unstable.tracking import Tracker, keys
-from unstable.trainable import PolicyOutput
 
 E = math.e
 
@@ -260,7 +262,7 @@ def _margin(learner, bandit):
         ("group_baseline", {"scale_by_std": True}),
         ("ppo", {"epochs": 2, "minibatch_size": 4}),
         ("a2c", {}),
-        ("vtrace_awr", {"temperature": 0.5}),
+        ("vtrace_awr", {"awr_temperature": 0.5}),
     ],
 )
 def test_each_algorithm_learns_the_two_action_bandit(tiny_model_dir, bandit, name, args):
@@ -307,7 +309,7 @@ def test_vtrace_awr_kl_multiplier_follows_the_target_and_ratios_are_logged(tiny_
 
 
 def test_vtrace_awr_fits_values_on_the_cache_with_two_forward_passes_per_update(tiny_model_dir, bandit):
-    learner = _learner(tiny_model_dir, VTraceAWR(vf_epochs=5, vf_lr=0.01, vf_minibatch_size=4))
+    learner = _learner(tiny_model_dir, VTraceAWR(vf_pre_epochs=5, vf_post_epochs=5, vf_lr=0.01, vf_minibatch_size=4))
     forwards = []
     forward = learner.forward
     learner.forward = lambda batch, **kw: forwards.append(1) or forward(batch, **kw)
@@ -358,14 +360,30 @@ def test_config_carries_algorithm_args_staleness_bound_and_group_size():
     data = {
         "model": {"path": "m"},
         "collector": {"training_envs": [["TicTacToe-v0-train", 2, "qwen3-zs"]], "group_size": 4},
-        "learner": {"max_staleness": 2, "algorithm": {"name": "vtrace_awr", "args": {"temperature": 0.5}}},
+        "learner": {"max_staleness": 2, "algorithm": {"name": "vtrace_awr", "args": {"awr_temperature": 0.5}}},
     }
     cfg = validate_config(data)
     assert cfg.collector.group_size == 4 and cfg.learner.max_staleness == 2
-    assert ALGORITHMS[cfg.learner.algorithm.name](**cfg.learner.algorithm.args).temperature == 0.5
+    assert ALGORITHMS[cfg.learner.algorithm.name](**cfg.learner.algorithm.args).awr_temperature == 0.5
     data["collector"]["group_size"] = 0
     with pytest.raises(ConfigError, match="collector.group_size = 0"):
         validate_config(data)
+
+
+def test_vtrace_awr_takes_the_names_of_unstable_rl_and_refuses_the_old_ones():
+    """The knobs `VTraceAWR` shares with `unstable.rl.TrainerConfig` carry its names; an old name fails naming the
+    new one (not a silent alias)."""
+    shared = set(inspect.signature(VTraceAWR).parameters) & {f.name for f in dataclasses.fields(TrainerConfig)}
+    assert {"awr_temperature", "awr_exponent_clip", "vtrace_rho_max", "vf_loss_coef", "vf_pre_epochs"} <= shared
+    data = {
+        "model": {"path": "m"},
+        "collector": {"training_envs": [["TicTacToe-v0-train", 2, "qwen3-zs"]]},
+        "learner": {"algorithm": {"name": "vtrace_awr", "args": {"temperature": 0.5}}},
+    }
+    with pytest.raises(ConfigError, match="'temperature' is now awr_temperature"):
+        validate_config(data)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'tempo'"):
+        VTraceAWR(tempo=1)
 
 
 # --- state for resume ---------------------------------------------------------------------------------------

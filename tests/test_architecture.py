@@ -6,6 +6,7 @@ lazily, not a way around the layering). `docs/architecture.md` draws the same la
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "unstable"
 
 LAYERS = [
-    {"records", "settings"},
-    {"batching", "trainable", "rl", "tracking", "dashboard", "report", "games", "agents"},
+    {"records", "settings", "atomic"},
+    {"rl", "tracking", "dashboard", "report", "games", "agents"},
     {"models", "inference", "rewards", "reward_transformations"},
     {"buffer", "pool", "collector"},
     {"algorithms"},
@@ -51,7 +52,8 @@ def _imports(module: str, path: Path) -> set[str]:
             base = node.module or ""
             if node.level:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base]).strip(".")
-            names.add(base)
+            submodules = {f"{base}.{alias.name}" for alias in node.names} & set(MODULES)  # from unstable import atomic
+            names |= submodules or {base}
     return {name for name in names if name == "unstable" or name.startswith("unstable.")}
 
 
@@ -83,3 +85,23 @@ def test_plain_logic_never_imports_ray():
             imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
             imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
             assert not {name for name in imported if name == "ray" or name.startswith("ray.")}, module
+
+
+def test_seed_means_a_random_seed_only():
+    """The original UnstableBaselines API and documents are called so ("the original API"), never "the seed":
+    in this package a seed is a random seed."""
+    pattern = re.compile(r"seed's|seed 00\d|seed (?:script|document|api|keyword)s?\b|from_seed|seed_kwargs", re.I)
+    found = [
+        f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}"
+        for path in PACKAGE.rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_algorithms_contract_lives_beside_them():
+    """`base` (BaseAlgo), `batching` (steps to tensors) and `trainable` (the interface algorithms train through)
+    are the algorithms' contract, so they live in `algorithms/`."""
+    contract = {f"unstable.algorithms.{name}" for name in ("base", "batching", "trainable")}
+    assert contract <= set(MODULES) and not {"unstable.batching", "unstable.trainable"} & set(MODULES)

@@ -45,3 +45,32 @@ def test_relative_links_resolve(page):
         elif fragment and resolved.suffix == ".md" and fragment not in anchors(resolved):
             broken.append(f"{target}: no heading with that anchor")
     assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+CODE = [p for folder in ("src", "benchmarks", "examples", "tests") for p in sorted((ROOT / folder).rglob("*.py"))]
+CODE += sorted((ROOT / "examples").glob("*.yaml"))
+POINTER = re.compile(r"((?:docs|experiments)/[\w/-]+\.md)(?:#([\w-]+)|, \"([^\"]+)\")?")
+
+
+def headings(page: Path) -> list[str]:
+    """The text of every heading of a Markdown page."""
+    return [h.strip() for h in re.findall(r"^#+ (.+)$", _outside_fences(page.read_text()), flags=re.M)]
+
+
+def test_code_points_at_pages_and_sections_that_exist():
+    """A comment or docstring that sends the reader to a page (`docs/learning.md`) or a section of it
+    (`docs/learning.md#warm-start-unstable-sft`, or `docs/learning.md, "Warm start"`: a heading's beginning)
+    finds it."""
+    broken = []
+    for path in CODE:
+        if path == Path(__file__).resolve():
+            continue
+        for page, fragment, title in POINTER.findall(path.read_text()):
+            target, title = ROOT / page, " ".join(title.split())  # a title may wrap onto the next comment line
+            if not target.exists():
+                broken.append(f"{path.relative_to(ROOT)}: {page}: no such page")
+            elif fragment and fragment not in anchors(target):
+                broken.append(f"{path.relative_to(ROOT)}: {page}#{fragment}: no heading with that anchor")
+            elif title and not any(h.strip("`").startswith(title) for h in headings(target)):
+                broken.append(f"{path.relative_to(ROOT)}: {page}, {title!r}: no heading begins so")
+    assert not broken, "\n".join(broken)

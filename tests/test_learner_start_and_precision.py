@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from unstable.algorithms import Reinforce
-from unstable.batching import collate
+from unstable.algorithms.batching import collate
 from unstable.config import load_config
 from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
 from unstable.runtime import resume, train

@@ -252,13 +252,13 @@ def test_the_learner_scores_steps_under_the_distribution_they_were_sampled_from(
 def test_a_learner_built_from_the_seed_keywords_scores_steps_at_their_sampling_temperature(tiny_model_dir):
     """The seed API's learner has no temperature of its own to disagree with the Collector's `vllm_config`: steps
     sampled at temperature 0.7 say so, and it scores them at 0.7 (its first update is on-policy)."""
-    from unstable.runtime.actors import learner_config_from_seed
+    from unstable.runtime.actors import learner_config_from_original_api
 
     backend = TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=8, temperature=0.7))
     agent = PolicyAgent(OneAtATime(backend), Checkpoint("ckpt--1"), get_template("qwen3-zs"))
     record = play_episode(TICTACTOE, {0: agent, 1: RandomAgent(0)}, seed=2, learner_player_ids=(0,))
     steps = [s for s in record.steps if s.has_tokens]
-    cfg = learner_config_from_seed(batch_size=len(steps), learning_rate=1e-3, lora_cfg={"lora_rank": 4})
+    cfg = learner_config_from_original_api(batch_size=len(steps), learning_rate=1e-3, lora_cfg={"lora_rank": 4})
     learner = Learner(PolicyModel(tiny_model_dir, cfg), Reinforce(), cfg)
     learner.initialize()
     metrics = learner.train_step(steps)

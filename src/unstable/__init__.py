@@ -1,10 +1,10 @@
 """unstable-baselines: asynchronous, online, multi-agent RL that trains language models by self-play.
 
-The public names follow the seed documents. `Tracker`, `StepBuffer`, `ModelPool`, `Collector` and
-`StandardLearner` are Ray actor classes with the seed's keyword arguments (`unstable.Tracker.options(
+The public names follow the original UnstableBaselines API. `Tracker`, `StepBuffer`, `ModelPool`, `Collector`
+and `StandardLearner` are Ray actor classes with the original API's keyword arguments (`unstable.Tracker.options(
 name="Tracker").remote(run_name="demo")`); the plain classes they wrap live in their folders
 (`unstable.tracking.Tracker`, `unstable.buffer.StepBuffer`, ...) and run without Ray. `algorithms.Reinforce`
-and `reward_transformations` are as in the seed. Heavy dependencies (torch, transformers, vLLM, Ray) load only
+and `reward_transformations` are as in the original API. Heavy dependencies (torch, transformers, vLLM, Ray) load only
 when used.
 """
 

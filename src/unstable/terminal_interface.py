@@ -1,4 +1,4 @@
-"""The seed's dashboard entry point: `python -m unstable.terminal_interface [RUN_DIR]`, the same as
+"""The original API's dashboard entry point: `python -m unstable.terminal_interface [RUN_DIR]`, the same as
 `unstable dashboard [RUN_DIR]`.
 
 Without RUN_DIR it attaches to the run under `./runs` whose metrics changed last.

@@ -27,11 +27,11 @@ from typing import Any
 import torch
 
 from unstable.algorithms.base import BaseAlgo, normalized_sum
+from unstable.algorithms.batching import TokenBatch
+from unstable.algorithms.trainable import TrainablePolicy
 from unstable.algorithms.value import attach_value_head
-from unstable.batching import TokenBatch
 from unstable.records import Step
 from unstable.tracking import keys
-from unstable.trainable import TrainablePolicy
 
 
 class A2C(BaseAlgo):

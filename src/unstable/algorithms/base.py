@@ -2,7 +2,7 @@
 
 An algorithm gets a batch of steps and a `TrainablePolicy` (the learner, seen through that small interface):
 it asks for micro-batches and log-probs, calls `backward` on its own losses and decides when to call
-`optimizer_step()` (once per batch for REINFORCE, several epochs of minibatches for PPO). As in the seed,
+`optimizer_step()` (once per batch for REINFORCE, several epochs of minibatches for PPO). As in the original API,
 `prepare_batch` turns steps into tensors and `update` computes the loss and steps. Algorithms never import
 the learner.
 """
@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from unstable.batching import TokenBatch
+from unstable.algorithms.batching import TokenBatch
+from unstable.algorithms.trainable import TrainablePolicy
 from unstable.records import Step
-from unstable.trainable import TrainablePolicy
 
 
 class BaseAlgo(ABC):
@@ -48,7 +48,7 @@ class BaseAlgo(ABC):
 def normalized_sum(token_values: torch.Tensor, completion_mask: torch.Tensor, max_generation_len: int | None):
     """Each row's sum of `token_values` over its completion tokens divided by D, `(B,)`.
 
-    D is the constant `max_generation_len` when given (Dr. GRPO's length-unbiased normaliser, as in the seed)
+    D is the constant `max_generation_len` when given (Dr. GRPO's length-unbiased normaliser, as in the original API)
     or the row's own completion length otherwise.
     """
     total = (token_values * completion_mask).sum(-1)  # (B,)

@@ -18,9 +18,9 @@ from collections.abc import Hashable
 from dataclasses import replace
 
 from unstable.algorithms.reinforce import Reinforce
+from unstable.algorithms.trainable import TrainablePolicy
 from unstable.records import Step
 from unstable.tracking import keys
-from unstable.trainable import TrainablePolicy
 
 
 class GroupBaseline(Reinforce):

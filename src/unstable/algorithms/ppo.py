@@ -24,11 +24,11 @@ from typing import Any
 import torch
 
 from unstable.algorithms.base import BaseAlgo, normalized_sum, restore_rng
-from unstable.batching import TokenBatch
+from unstable.algorithms.batching import TokenBatch
+from unstable.algorithms.trainable import TrainablePolicy
 from unstable.records import Step
 from unstable.rl import approx_kl, masked_mean, masked_whiten
 from unstable.tracking import keys
-from unstable.trainable import TrainablePolicy
 
 
 class PPO(BaseAlgo):

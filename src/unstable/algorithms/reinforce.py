@@ -6,7 +6,7 @@ held near a reference policy (the warm start).
     loss        = pg_loss + ref_kl_loss
 
 A_i is the step's reward after the reward transforms (their baselines make it an advantage). D is the
-constant `max_generation_len` when given (Dr. GRPO's unbiased normaliser, as in the seed) or the completion's
+constant `max_generation_len` when given (Dr. GRPO's unbiased normaliser, as in the original API) or the completion's
 own length otherwise. The KL term (as in GRPO) keeps probability on moves the warm start plays, so a move whose
 value shows late (folding a Jack in Kuhn Poker) is still sampled when its gradient arrives. One optimizer step
 per batch, gradients accumulated over micro-batches.
@@ -17,11 +17,11 @@ from __future__ import annotations
 import torch
 
 from unstable.algorithms.base import BaseAlgo, normalized_sum
-from unstable.batching import TokenBatch
+from unstable.algorithms.batching import TokenBatch
+from unstable.algorithms.trainable import TrainablePolicy
 from unstable.records import Step
 from unstable.rl import approx_kl
 from unstable.tracking import keys
-from unstable.trainable import TrainablePolicy
 
 
 class Reinforce(BaseAlgo):

@@ -9,9 +9,9 @@ weigh the same per token. Rewards and behaviour log-probs are ignored. One optim
 from __future__ import annotations
 
 from unstable.algorithms.base import BaseAlgo
+from unstable.algorithms.trainable import TrainablePolicy
 from unstable.records import Step
 from unstable.tracking import keys
-from unstable.trainable import TrainablePolicy
 
 
 class SFT(BaseAlgo):

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from unstable.trainable import TrainablePolicy
+from unstable.algorithms.trainable import TrainablePolicy
 
 
 class ValueHead(torch.nn.Module):

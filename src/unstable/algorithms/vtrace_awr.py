@@ -1,5 +1,5 @@
 """V-trace advantages, an AWR policy loss, a Lagrangian KL penalty and a value function fitted mostly on cached
-state encodings: ubrl's algorithm (seed 004), rebuilt from its description.
+state encodings: ubrl's algorithm, rebuilt from its README.
 
 Decisions are one-step episodes. Batches are random samples of steps and a step's reward is already its game's
 outcome plus shaping (a return, not a per-turn reward), so each decision is treated as an episode that ends
@@ -7,25 +7,27 @@ with that reward; traces across a game's decisions would need the whole game in 
 rewards. With w_i = exp(sum_t logp_it - sum_t logp_behaviour_it) the decision's importance weight (over its
 kept completion tokens), `unstable.rl.vtrace` on length-1 sequences with done=1 gives
 
-    rho_i = min(w_i, rho_bar),    vs_i = V_i + rho_i (r_i - V_i),    A_i = rho_i (r_i - V_i)
+    rho_i = min(w_i, vtrace_rho_max),    vs_i = V_i + rho_i (r_i - V_i),    A_i = rho_i (r_i - V_i)
 
 One update:
   1. cache: one no-grad forward pass gives each step's decision-state encoding h_i (the hidden state at its
      last prompt token) and its w_i;
-  2. value pre-training: `vf_epochs` epochs of value-only minibatch steps on the cached h_i, the targets vs_i
+  2. value pre-training: `vf_pre_epochs` epochs of value-only minibatch steps on the cached h_i, the targets vs_i
      recomputed from the current head each epoch;
   3. advantages A_i from the fitted head, normalised by running statistics; AWR weights
-     `awr_weights(A, temperature, weight_clip)`, self-normalised to mean 1 over the batch;
+     `awr_weights(A, awr_temperature, awr_exponent_clip)`, self-normalised to mean 1 over the batch;
   4. policy: `policy_epochs` over shuffled minibatches of `minibatch_size` steps, one optimizer step each:
          awr_loss   = (1/N) sum_i -weight_i * sum_t logp_it / D
          kl_loss    = kl_coef * KL(behaviour || current)         (k3 estimate, mean over tokens)
-         value_loss = vf_coef * (1/N) sum_i (V(h_i) - vs_i)^2      (live h_i: shapes the encodings too)
+         value_loss = vf_loss_coef * (1/N) sum_i (V(h_i) - vs_i)^2      (live h_i: shapes the encodings too)
          loss       = awr_loss + kl_loss + value_loss
      where kl_coef is a Lagrange multiplier (`KLController`) stepped after each minibatch so the measured KL
      is held near `kl_target`. Like PPO's clip, the KL is measured against the behaviour policy;
-  5. value post-training: `vf_epochs` more value-only epochs on the (now slightly stale) cache.
-So the value function gets 2 * vf_epochs cheap epochs for 1 + policy_epochs full forward passes. D as in
-`Reinforce`.
+  5. value post-training: `vf_post_epochs` more value-only epochs on the (now slightly stale) cache.
+So the value function gets vf_pre_epochs + vf_post_epochs cheap epochs for 1 + policy_epochs full forward passes.
+D as in `Reinforce`. The arguments that `unstable.rl.TrainerConfig` also has carry its names (the same concept,
+the same name); the math is `unstable.rl`'s (`vtrace`, `normalized_awr_weights`, `weighted_nll_loss`,
+`approx_kl`, `KLController`), not a copy.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ import torch
 import torch.nn.functional as F
 
 from unstable.algorithms.base import BaseAlgo, normalized_sum, restore_rng
+from unstable.algorithms.batching import TokenBatch
+from unstable.algorithms.trainable import TrainablePolicy
 from unstable.algorithms.value import attach_value_head
-from unstable.batching import TokenBatch
 from unstable.records import Step
 from unstable.rl import (
     KLController,
@@ -53,7 +56,6 @@ from unstable.rl import (
     weighted_nll_loss,
 )
 from unstable.tracking import keys
-from unstable.trainable import TrainablePolicy
 
 
 class VTraceAWR(BaseAlgo):
@@ -61,14 +63,15 @@ class VTraceAWR(BaseAlgo):
 
     def __init__(
         self,
-        temperature: float = 1.0,
-        weight_clip: float = 8.0,
-        rho_bar: float = 1.0,
+        awr_temperature: float = 1.0,
+        awr_exponent_clip: float = 8.0,
+        vtrace_rho_max: float = 1.0,
         kl_target: float = 0.1,
         kl_coef_init: float = 0.1,
         kl_coef_lr: float = 0.01,
-        vf_coef: float = 0.1,
-        vf_epochs: int = 3,
+        vf_loss_coef: float = 0.1,
+        vf_pre_epochs: int = 3,
+        vf_post_epochs: int = 3,
         vf_minibatch_size: int = 64,
         vf_lr: float | None = 1e-3,
         vf_hidden_sizes: Sequence[int] = (128,),
@@ -77,13 +80,16 @@ class VTraceAWR(BaseAlgo):
         normalize_advantages: bool = True,
         max_generation_len: int | None = None,
         seed: int = 0,
+        **old_names: Any,
     ):
-        self.temperature = temperature
-        self.weight_clip = weight_clip
-        self.rho_bar = rho_bar
+        refuse_old_names(old_names)
+        self.awr_temperature = awr_temperature
+        self.awr_exponent_clip = awr_exponent_clip
+        self.vtrace_rho_max = vtrace_rho_max
         self.kl_target = kl_target
-        self.vf_coef = vf_coef
-        self.vf_epochs = vf_epochs
+        self.vf_loss_coef = vf_loss_coef
+        self.vf_pre_epochs = vf_pre_epochs
+        self.vf_post_epochs = vf_post_epochs
         self.vf_minibatch_size = vf_minibatch_size
         self.vf_lr = vf_lr
         self.vf_hidden_sizes = tuple(vf_hidden_sizes)
@@ -103,10 +109,10 @@ class VTraceAWR(BaseAlgo):
     def update(self, steps: list[Step], policy: TrainablePolicy) -> dict[str, float]:
         """Cache, fit values, weigh, update the policy, fit values again (see the module docstring)."""
         cache = self._cache(steps, policy)
-        vf_pre_loss = self._fit_values(cache, policy)
+        vf_pre_loss = self._fit_values(cache, policy, self.vf_pre_epochs)
         returns, weights = self._weights(cache)
         logs = self._policy_epochs(steps, cache, returns.vs[:, 0], weights, policy)
-        vf_post_loss = self._fit_values(cache, policy)
+        vf_post_loss = self._fit_values(cache, policy, self.vf_post_epochs)
         return logs | {
             keys.VF_PRE_LOSS: vf_pre_loss,
             keys.VF_POST_LOSS: vf_post_loss,
@@ -131,15 +137,15 @@ class VTraceAWR(BaseAlgo):
         rewards = torch.tensor([s.reward for s in steps])  # (N,)
         return _Cache(encodings, logp, behaviour, rewards)
 
-    def _fit_values(self, cache: _Cache, policy: TrainablePolicy) -> float:
-        """`vf_epochs` epochs of value-only steps on the cached encodings; returns the mean loss."""
+    def _fit_values(self, cache: _Cache, policy: TrainablePolicy, epochs: int) -> float:
+        """`epochs` epochs of value-only steps on the cached encodings; returns the mean loss."""
         losses = []
-        for _ in range(self.vf_epochs):
+        for _ in range(epochs):
             order = self.rng.sample(range(len(cache.rewards)), len(cache.rewards))
             for start in range(0, len(order), self.vf_minibatch_size):
                 rows = torch.tensor(order[start : start + self.vf_minibatch_size])  # (m,)
                 values = self.value_head(cache.encodings[rows]).cpu()  # (m,)
-                targets = cache.vtrace(rows, values.detach(), self.rho_bar).vs[:, 0]  # (m,)
+                targets = cache.vtrace(rows, values.detach(), self.vtrace_rho_max).vs[:, 0]  # (m,)
                 loss = F.mse_loss(values, targets)
                 loss.backward()
                 policy.optimizer_step()  # only the head has gradients here
@@ -150,9 +156,10 @@ class VTraceAWR(BaseAlgo):
     def _weights(self, cache: _Cache) -> tuple[VTraceReturns, torch.Tensor]:
         """V-trace outputs for the whole batch and the AWR weights of its (normalised) advantages, `(N,)`."""
         rows = torch.arange(len(cache.rewards))  # (N,)
-        returns = cache.vtrace(rows, self.value_head(cache.encodings).cpu(), self.rho_bar)
+        returns = cache.vtrace(rows, self.value_head(cache.encodings).cpu(), self.vtrace_rho_max)
         stats = self.advantage_stats if self.normalize_advantages else None
-        weights = normalized_awr_weights(returns.advantages[:, 0], self.temperature, self.weight_clip, stats)  # (N,)
+        advantages = returns.advantages[:, 0]  # (N,)
+        weights = normalized_awr_weights(advantages, self.awr_temperature, self.awr_exponent_clip, stats)  # (N,)
         return returns, weights
 
     def _policy_epochs(
@@ -175,7 +182,7 @@ class VTraceAWR(BaseAlgo):
                         out.logprobs, values, batch, weights[rows].to(device), targets[rows].to(device)
                     )
                     kl_loss = self.kl_controller.coef * kl_batch
-                    value_loss = self.vf_coef * value_mse
+                    value_loss = self.vf_loss_coef * value_mse
                     loss = awr_loss + kl_loss + value_loss
                     share = len(batch.steps) / len(minibatch)
                     (loss * share).backward()
@@ -213,6 +220,25 @@ class VTraceAWR(BaseAlgo):
         self.kl_controller.load_state_dict(state["kl_controller"])
         self.advantage_stats.load_state_dict(state["advantage_stats"])
         restore_rng(self.rng, state["rng"])
+
+
+RENAMED = {
+    "temperature": "awr_temperature",
+    "weight_clip": "awr_exponent_clip",
+    "rho_bar": "vtrace_rho_max",
+    "vf_coef": "vf_loss_coef",
+    "vf_epochs": "vf_pre_epochs and vf_post_epochs",
+}
+
+
+def refuse_old_names(kwargs: dict[str, Any]) -> None:
+    """Raise TypeError for the first keyword `VTraceAWR` does not take, naming the new name of a renamed one."""
+    for name in kwargs:
+        if name in RENAMED:
+            raise TypeError(
+                f"VTraceAWR argument {name!r} is now {RENAMED[name]} (the name unstable.rl's TrainerConfig uses)"
+            )
+        raise TypeError(f"VTraceAWR.__init__() got an unexpected keyword argument {name!r}")
 
 
 def one_step_vtrace(

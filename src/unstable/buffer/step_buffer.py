@@ -146,7 +146,8 @@ class StepBuffer:
 
 
 def _state(transform: Callable | None) -> Any:
-    """A reward stage's `state_dict()`; None for no stage or a plain callable (a seed script's), which keeps none."""
+    """A reward stage's `state_dict()`; None for no stage or a plain callable (an original-API script's), which
+    keeps none."""
     return transform.state_dict() if hasattr(transform, "state_dict") else None
 
 

@@ -1,8 +1,9 @@
 """Branched games: G continuations from one copied decision state, the groups of GRPO-style baselines.
 
-Seed 003's "dynamic GRPO rollouts": play a game up to a learner decision, deep-copy the env there and let G
-copies continue independently. The G decisions taken in the copied state saw the same observation, so they
-form a group (one `group_id`) whose mean reward is a baseline for each of them (`algorithms.GroupBaseline`).
+The original UnstableBaselines README's "dynamic GRPO rollouts": play a game up to a learner decision, deep-copy
+the env there and let G copies continue independently. The G decisions taken in the copied state saw the same
+observation, so they form a group (one `group_id`) whose mean reward is a baseline for each of them
+(`algorithms.GroupBaseline`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Prompt templates: how an observation becomes the text a model sees, and how a move is written back.
 
-`qwen3-zs` is the seed's zero-shot game prompt in Qwen's chat format; `default` uses the tokenizer's own chat
+`qwen3-zs` is the original API's zero-shot game prompt in Qwen's chat format; `default` uses the tokenizer's own chat
 template; `plain` is the raw observation. `format_action` is the completion a template expects for a move,
 used to build supervised (SFT) targets.
 """

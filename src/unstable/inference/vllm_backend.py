@@ -59,7 +59,9 @@ from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
 # "processed" log-probs are taken after temperature scaling (and top-p truncation): the sampling distribution.
 LOGPROBS_MODE = "processed_logprobs"
 CPU_FIXES = "unstable.inference.vllm_cpu_fixes.CPUWorkerFixes"  # see that module
-UNDECLARED_LORA_RANK = 64  # serves any adapter up to rank 64 when no rank is declared (the seed's lora_config unset)
+UNDECLARED_LORA_RANK = (
+    64  # serves any adapter up to rank 64 when no rank is declared (the original API's lora_config unset)
+)
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")  # what vLLM's default loader reads from a model directory
 
 

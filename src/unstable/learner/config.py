@@ -11,7 +11,7 @@ from unstable.settings import MAX_THREADS, Settings, check_registered
 
 
 class LoraConfig(Settings):
-    """LoRA adapter shape (the seed's `lora_cfg` keys)."""
+    """LoRA adapter shape (the original API's `lora_cfg` keys)."""
 
     lora_rank: int = Field(16, ge=1, description="rank r of each adapter")
     lora_alpha: float = Field(32, gt=0, description="the update is scaled by lora_alpha / lora_rank")

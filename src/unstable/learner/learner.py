@@ -18,13 +18,13 @@ from typing import Any
 import torch
 
 from unstable.algorithms.base import BaseAlgo
-from unstable.batching import TokenBatch
+from unstable.algorithms.batching import TokenBatch
+from unstable.algorithms.trainable import PolicyOutput
 from unstable.learner.config import LearnerConfig
 from unstable.learner.policy_model import PolicyModel
 from unstable.learner.schedule import lr_factor
 from unstable.records import Step
 from unstable.tracking import keys
-from unstable.trainable import PolicyOutput
 
 log = logging.getLogger(__name__)
 

@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from unstable.batching import TokenBatch, decision_positions, micro_batches
+from unstable import atomic
+from unstable.algorithms.batching import TokenBatch, decision_positions, micro_batches
+from unstable.algorithms.trainable import PolicyOutput
 from unstable.inference.decoding import top_p_nucleus
 from unstable.learner.config import LearnerConfig
 from unstable.records import Step
-from unstable.trainable import PolicyOutput
 
 # A chunk's top-p nuclei are sorted in this many parts: the probabilities, the sort's values and int64 indices and
 # the running sums cost about 6x the rows' float32 logits, so each part's temporaries stay below the chunk's logits.
@@ -234,15 +234,11 @@ class PolicyModel:
         """Write the adapter (float32, as trained) or the whole model in the model dtype with its tokenizer to
         `directory` atomically; return it. The resume state, not this checkpoint, keeps the float32 masters."""
         final = Path(directory)
-        tmp = final.with_name(final.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        if self.cfg.lora is None:
-            self._save_full_model(tmp)
-        else:
-            self.model.save_pretrained(tmp)
-        if final.exists():  # a re-run into the same directory replaces the old checkpoint
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        with atomic.replace_dir(final) as tmp:  # a re-run into the same directory replaces the old checkpoint
+            if self.cfg.lora is None:
+                self._save_full_model(tmp)
+            else:
+                self.model.save_pretrained(tmp)
         return str(final)
 
     def _save_full_model(self, directory: Path) -> None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import pathlib
 import random
-import shutil
 import tempfile
 from collections.abc import Iterable, Sequence
+
+from unstable import atomic
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -181,17 +182,6 @@ def _build_model(tokenizer, seed: int, initializer_range: float, **sizes):
     return model
 
 
-def _move_into_place(built: pathlib.Path, out_dir: pathlib.Path) -> None:
-    """Rename the finished ``built`` directory to ``out_dir``, replacing any previous build there."""
-    if out_dir.exists():
-        stale = pathlib.Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-        os.replace(out_dir, stale / out_dir.name)
-        os.replace(built, out_dir)
-        shutil.rmtree(stale)
-    else:
-        os.replace(built, out_dir)
-
-
 def build_tiny_model(
     out_dir: str | os.PathLike,
     *,
@@ -213,7 +203,7 @@ def build_tiny_model(
     equals the tokenizer's. Weights are deterministic for a given ``seed``; their standard deviation
     ``initializer_range`` is 0.1 rather than Qwen3's 0.02, because at 0.02 a model this small (tied
     embeddings of norm ~0.2) cannot make sharp predictions and learns to read the board far more slowly
-    (docs/learning.md). ``head_dim`` must be at
+    (docs/learning.md, "Warm start"). ``head_dim`` must be at
     least 32 (vLLM's CPU attention backend supports head sizes 32, 64, 80, ...). The model is written
     to a temporary sibling directory and renamed into place, so ``out_dir`` is never half-built; an
     existing ``out_dir`` is replaced.
@@ -234,14 +224,12 @@ def build_tiny_model(
         head_dim=head_dim,
         intermediate_size=intermediate_size,
     )
+    # a unique name, not out_dir.tmp: two processes may build the same model at once
     building = pathlib.Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
-    try:
+    with atomic.replace_dir(out_dir, building):
         tokenizer.save_pretrained(building)
         model.save_pretrained(building, safe_serialization=True)
         building.chmod(0o755)  # mkdtemp makes it owner-only
-        _move_into_place(building, out_dir)
-    finally:
-        shutil.rmtree(building, ignore_errors=True)
     return out_dir
 
 

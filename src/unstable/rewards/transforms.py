@@ -156,7 +156,7 @@ class RewardForFormat(StepRewardTransform):
 class PenaltyForInvalidMove(StepRewardTransform):
     """Adds `penalty` to a step whose move the env rejected (`invalid_move`) and `reward` to every valid one.
 
-    Reading of the seed's `PenaltyForInvalidMove(1.0, -1.0)`: the first argument is the bonus for a valid
+    Reading of the original API's `PenaltyForInvalidMove(1.0, -1.0)`: the first argument is the bonus for a valid
     move, the second the (negative) amount for an invalid one, so a valid move gets +1 and an invalid -1.
     """
 

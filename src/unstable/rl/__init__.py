@@ -1,4 +1,4 @@
-"""A minimal RL library (seed 004's ubrl): `TorchTrainer` trains any `Agent` from episodes with V-trace
+"""A minimal RL library (ubrl's, rebuilt from its README): `TorchTrainer` trains any `Agent` from episodes with V-trace
 advantages, AWR weights, a KL Lagrange multiplier and value fitting on frozen encodings. Its math (also used by
 the `vtrace_awr` LLM algorithm) lives in `vtrace`, `awr`, `kl` and `normalize`; `cli` is a train/tune launcher
 and `gym_utils` adapts gymnasium environments."""

@@ -1,4 +1,4 @@
-"""`TorchTrainer`: seed 004's algorithm (V-trace advantages, AWR weighted likelihood, a KL Lagrange multiplier
+"""`TorchTrainer`: ubrl's algorithm (V-trace advantages, AWR weighted likelihood, a KL Lagrange multiplier
 and a value function trained mostly on frozen state encodings) for any `Agent`, plus checkpoint and resume.
 
 Each `train_step` runs over the replay buffer (the newest episodes, about `replay_buffer_steps` time-steps):
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pickle
 import random
 import re
@@ -42,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
+from unstable import atomic
 from unstable.rl.agent import Agent, AgentOutput
 from unstable.rl.awr import normalized_awr_weights, weighted_nll_loss
 from unstable.rl.cluster import Cluster
@@ -504,9 +504,8 @@ def _step_kl(old: torch.distributions.Distribution, new: torch.distributions.Dis
 def _atomic_save(state: dict[str, Any], path: Path) -> None:
     """`torch.save` to a temporary file then rename, so a crash never leaves a half-written checkpoint."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    with atomic.replace_file(path, "wb") as f:
+        torch.save(state, f)
 
 
 def _as_rng_state(state: Any) -> tuple:

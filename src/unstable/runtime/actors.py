@@ -1,7 +1,7 @@
-"""The Ray actors: thin shells around the plain components, with the seed's constructor keywords.
+"""The Ray actors: thin shells around the plain components, with the original API's constructor keywords.
 
-This is the one place where the components become Ray actors and where the seed's keyword arguments are mapped
-onto each component's settings. Both front ends use these shells: the seed's scripts (`unstable.Tracker.options(
+This is the one place where the components become Ray actors and where the original API's keyword arguments are mapped
+onto each component's settings. Both front ends use these shells: original-API scripts (`unstable.Tracker.options(
 name="Tracker").remote(run_name=..., wandb_project=...)`, ...) and `runtime.topology.build_topology`, which the
 YAML/CLI path calls. Each shell subclasses its plain class, so every method of the component is an actor method;
 other actors' handles are wrapped in `RemoteProxy` so the plain code calls them like local objects. Shells reserve
@@ -44,7 +44,8 @@ SHELL = {"num_cpus": 0, "enable_task_events": False}
 
 def log_to_run_dir(run_dir: str | Path, component: str) -> None:
     """Also write this process's `unstable` log records (warnings and errors: failed games, API retries, ...)
-    to `run_dir/logs/<component>.log`, one file per component (seed 003's "separate the logs")."""
+    to `run_dir/logs/<component>.log`, one file per component (the original UnstableBaselines README's "separate
+    the logs")."""
     path = Path(run_dir) / "logs" / f"{component}.log"
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path)
@@ -67,9 +68,9 @@ def _register_source(tracker) -> None:
 
 @ray.remote(**SHELL)
 class TrackerActor(Tracker):
-    """The seed's `Tracker(run_name, wandb_project)`: a run directory `runs_dir/run_name` (the next free
+    """The original API's `Tracker(run_name, wandb_project)`: a run directory `runs_dir/run_name` (the next free
     `-2`, `-3`, ... when taken) or `run_dir` as given. The YAML path passes its `cfg` (a TrackerConfig);
-    the seed's keywords make one: W&B only with `wandb_project` (in `wandb_mode`, default 'auto')."""
+    the original API's keywords make one: W&B only with `wandb_project` (in `wandb_mode`, default 'auto')."""
 
     def __init__(
         self,
@@ -83,15 +84,15 @@ class TrackerActor(Tracker):
     ):
         directory = Path(run_dir) if run_dir else new_run_dir(Path(runs_dir) / run_name)
         if cfg is None:
-            seed_wandb = {"wandb": wandb_mode or "auto", "wandb_project": wandb_project}
-            cfg = TrackerConfig(**(seed_wandb if wandb_project else {"wandb": "disabled"}))
+            wandb = {"wandb": wandb_mode or "auto", "wandb_project": wandb_project}
+            cfg = TrackerConfig(**(wandb if wandb_project else {"wandb": "disabled"}))
         super().__init__(directory, make_sinks(cfg, directory, run_name), cfg)
         log_to_run_dir(directory, "tracker")
 
 
 @ray.remote(**SHELL)
 class StepBufferActor(StepBuffer):
-    """The seed's `StepBuffer(max_buffer_size, tracker, final/step/sampling_reward_transformation)`."""
+    """The original API's `StepBuffer(max_buffer_size, tracker, final/step/sampling_reward_transformation)`."""
 
     def __init__(
         self,
@@ -117,7 +118,7 @@ class StepBufferActor(StepBuffer):
 
 @ray.remote(**SHELL)
 class ModelPoolActor(ModelPool):
-    """The seed's `ModelPool(sample_mode=..., max_active_lora=..., tracker=...)`: every `PoolConfig` field by
+    """The original API's `ModelPool(sample_mode=..., max_active_lora=..., tracker=...)`: every `PoolConfig` field by
     keyword (its defaults when left out)."""
 
     def __init__(self, tracker=None, seed: int = 0, **settings):
@@ -127,7 +128,7 @@ class ModelPoolActor(ModelPool):
 
 
 def inference_from_vllm_config(vllm_config: dict[str, Any]) -> tuple[str, InferenceConfig]:
-    """The seed's `vllm_config` as (model path, InferenceConfig): vLLM when it is installed, else the embedded
+    """The original API's `vllm_config` as (model path, InferenceConfig): vLLM when it is installed, else the embedded
     transformers backend (said in a log line). Keys: model_name, max_parallel_seq, max_tokens, max_loras,
     lora_config, max_model_len, and optionally any InferenceConfig field."""
     settings = dict(vllm_config)
@@ -146,13 +147,13 @@ def inference_from_vllm_config(vllm_config: dict[str, Any]) -> tuple[str, Infere
 
 @ray.remote(**SHELL, max_concurrency=8)
 class CollectorActor(Collector):
-    """The seed's `Collector(num_actors, step_buffer, model_pool, tracker, vllm_config, training_envs,
+    """The original API's `Collector(num_actors, step_buffer, model_pool, tracker, vllm_config, training_envs,
     evaluation_envs, evaluation_opponent)`: it starts `num_actors` inference servers itself.
 
     The YAML path passes `model_path`, `inference` (an InferenceConfig) and `lora_rank` (the largest adapter rank
     served, `RunConfig.served_lora_rank`) instead of `vllm_config` (whose `lora_config` holds the rank). Any other
     `CollectorConfig` field (max_turns, group_size, evaluation_opponents, ...) by keyword; envs as `(env_id,
-    players, template)`; the seed's one `evaluation_opponent` is the list of that opponent. Finished games go to
+    players, template)`; the original API's one `evaluation_opponent` is the list of that opponent. Finished games go to
     the buffer, the pool and the tracker without waiting for an answer; per game the collector waits only for its
     opponents (`ModelPool.sample_match`). A resumed run passes the learner step it resumed from as `resume_step`:
     its games and inference actors then draw seeds that no earlier session of the run used.
@@ -275,7 +276,7 @@ def _chat_tokenizer(cfg: CollectorConfig, model_path: str):
     return AutoTokenizer.from_pretrained(model_path)
 
 
-def learner_config_from_seed(
+def learner_config_from_original_api(
     batch_size: int = 384,
     mini_batch_size: int | None = None,
     learning_rate: float = 1e-5,
@@ -287,7 +288,7 @@ def learner_config_from_seed(
     max_train_len: int | None = None,
     **settings,
 ) -> LearnerConfig:
-    """The seed's StandardLearner keywords as a LearnerConfig (activation and gradient checkpointing are the
+    """The original API's StandardLearner keywords as a LearnerConfig (activation and gradient checkpointing are the
     same switch in transformers); any other LearnerConfig field by keyword."""
     return LearnerConfig(
         batch_size=batch_size,
@@ -303,10 +304,10 @@ def learner_config_from_seed(
 
 @ray.remote(**SHELL)
 class LearnerActor(LearnerLoop):
-    """The seed's `StandardLearner(model_name, step_buffer, model_pool, tracker, algorithm, batch_size, ...)`.
+    """The original API's `StandardLearner(model_name, step_buffer, model_pool, tracker, algorithm, batch_size, ...)`.
 
     `max_generation_len` becomes the algorithm's (Dr. GRPO's constant) when the algorithm has none. The YAML
-    path passes a whole `cfg` instead of the seed's keywords. Checkpoints go under the tracker's run directory.
+    path passes a whole `cfg` instead of the original API's keywords. Checkpoints go under the tracker's run directory.
     The model trains on cuda when Ray gave this actor a GPU and torch sees one. It has no sampling settings of its
     own: each step is scored under the temperature and top_p it was sampled with (the Collector's `vllm_config`).
     """
@@ -322,13 +323,13 @@ class LearnerActor(LearnerLoop):
         cfg: LearnerConfig | None = None,
         max_generation_len: int | None = None,
         dtype: str = "float32",
-        **seed_kwargs,
+        **original_kwargs,
     ):
         import torch
 
         from unstable.algorithms import Reinforce
 
-        cfg = cfg or learner_config_from_seed(**seed_kwargs)
+        cfg = cfg or learner_config_from_original_api(**original_kwargs)
         if ray.get_gpu_ids() and torch.cuda.is_available() and not cfg.num_gpus:
             cfg = cfg.model_copy(update={"num_gpus": float(len(ray.get_gpu_ids()))})
         algorithm = algorithm or Reinforce()

@@ -1,7 +1,7 @@
 """Runs a built topology: evaluate, collect and learn concurrently, evaluate again; and `train`, which does it all
 (after the supervised warm start, when the config has one).
 
-`run` works on any `Topology`, so every front end (the YAML/CLI path here, the seed's Ray-actor API) drives
+`run` works on any `Topology`, so every front end (the YAML/CLI path here, the original API's Ray actors) drives
 the same actors the same way.
 """
 
@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from unstable import atomic
 from unstable.config import ConfigError, RunConfig, load_config
 from unstable.records import GameRecord
 from unstable.runtime import resume
@@ -284,9 +285,7 @@ def _finished_summary(cfg: RunConfig, run_dir: Path, point: tuple[int, Path] | N
 
 def write_config(cfg: RunConfig, run_dir: Path) -> None:
     """The run's config as `run_dir/config.yaml` (written atomically: resume reads it)."""
-    tmp = run_dir / "config.yaml.tmp"
-    tmp.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-    os.replace(tmp, run_dir / "config.yaml")
+    atomic.write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
 
 
 def check_run_dir(cfg: RunConfig) -> None:

@@ -26,8 +26,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from unstable import atomic
 from unstable.config import ConfigError
-from unstable.tracking import write_json_atomically
 
 STATE_DIR = "state"
 LATEST = "latest.json"
@@ -120,17 +120,12 @@ def save_run_state(run_dir: Path, step: int, parts: dict[str, Any], referenced: 
 def write_snapshot(run_dir: Path, step: int, parts: Snapshot, referenced: list[int] = ()) -> Path:
     """`save_run_state` of a `snapshot`."""
     final = run_dir / STATE_DIR / f"step-{step}"
-    tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for name, (data, tensors) in parts.items():
-        _write_part(data, tensors, tmp, name)
-    (tmp / REFERENCED).write_text(json.dumps(sorted(referenced)))
-    pause_for_test(run_dir, "state-write", step)
-    if final.exists():  # a step redone after a kill replaces its unreferenced earlier copy
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    write_json_atomically(run_dir / STATE_DIR / LATEST, {"step": step})
+    with atomic.replace_dir(final) as tmp:  # a step redone after a kill replaces its unreferenced earlier copy
+        for name, (data, tensors) in parts.items():
+            _write_part(data, tensors, tmp, name)
+        (tmp / REFERENCED).write_text(json.dumps(sorted(referenced)))
+        pause_for_test(run_dir, "state-write", step)
+    atomic.write_json(run_dir / STATE_DIR / LATEST, {"step": step})
     return final
 
 

@@ -1,7 +1,7 @@
 """Builds the topology of a YAML/CLI run: every component as a Ray actor, each given its config section.
 
 No component constructs another. `build_topology(cfg, run_dir)` creates the actors of `runtime.actors` (the
-shells the seed's Ray-actor scripts create by hand) and returns their handles; `runtime.driver.run` drives them.
+shells that original-API scripts create by hand) and returns their handles; `runtime.driver.run` drives them.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def init_ray(cfg: RunConfig) -> None:
 def build_topology(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> Topology:
     """Create every component as a Ray actor (Ray must be running) and wire them; returns their handles.
 
-    The actors are the shells of `runtime.actors`, the same ones the seed's scripts create by hand; here each
+    The actors are the shells of `runtime.actors`, the same ones original-API scripts create by hand; here each
     gets its config section whole. A run resumed from learner step `resume_step` gives its collector that step,
     so its games and inference actors draw seeds that no earlier session of the run used.
     """

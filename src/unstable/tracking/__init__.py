@@ -9,7 +9,6 @@ from unstable.tracking.tracker import (
     new_run_dir,
     summarize_game,
     truncate_metrics,
-    write_json_atomically,
 )
 
 __all__ = [
@@ -22,5 +21,4 @@ __all__ = [
     "truncate_metrics",
     "wdl_summary",
     "wilson_interval",
-    "write_json_atomically",
 ]

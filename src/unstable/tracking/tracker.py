@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+from unstable import atomic
 from unstable.records import GameRecord
 from unstable.tracking import keys
 from unstable.tracking.config import TrackerConfig
@@ -75,16 +76,6 @@ def new_run_dir(path: Path) -> Path:
     return candidate
 
 
-def write_json_atomically(path: Path, data: Any) -> None:
-    """Write JSON to a temporary file, flush it to disk, rename it over `path`."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def truncate_metrics(path: Path, step: int) -> int:
     """Keep the rows of `path` (`metrics.jsonl`, `tables.jsonl`) up to and including the last one of a learner step
     up to `step`; returns the rows dropped.
@@ -106,9 +97,7 @@ def truncate_metrics(path: Path, step: int) -> int:
             break
         if keys.STEP in row:
             kept = i + 1
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in lines[:kept]))
-    os.replace(tmp, path)
+    atomic.write_text(path, "".join(line + "\n" for line in lines[:kept]))
     if kept < len(lines):
         log.warning("resume at learner step %d: dropped %d rows of %s written after it", step, len(lines) - kept, path)
     return len(lines) - kept
@@ -235,7 +224,7 @@ class Tracker:
         if step is not None and step % self.cfg.tables_every == 0:
             with open(self.run_dir / TABLES_FILE, "a") as f:
                 f.write(json.dumps(tables) + "\n")
-        write_json_atomically(self.run_dir / LATEST_TABLES_FILE, tables)
+        atomic.write_json(self.run_dir / LATEST_TABLES_FILE, tables)
 
     def _row_aggregates(self, now: float) -> dict[str, float]:
         """Counts and throughput of the games finished since the previous row."""

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from unstable.batching import TokenBatch
+from unstable.algorithms.batching import TokenBatch
 from unstable.records import Step
 
 

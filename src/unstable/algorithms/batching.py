@@ -63,7 +63,7 @@ def collate(
 ) -> TokenBatch:
     """Build a TokenBatch of `steps` (whose indices in the caller's list are `rows`, default 0..B-1).
 
-    Sequences longer than `max_train_len` keep their first tokens (the seed's rule).
+    Sequences longer than `max_train_len` keep their first tokens (the original API's rule).
     """
     length = max(sequence_length(s, max_train_len) for s in steps)
     batch = len(steps)
