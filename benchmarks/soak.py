@@ -5,6 +5,10 @@ flat. Run on demand (never from tests):
 
     PYTHONPATH=src .venv/bin/python benchmarks/soak.py                  # 2,000 steps each (hours on 2 CPU cores)
     PYTHONPATH=src .venv/bin/python benchmarks/soak.py --smoke          # 40 steps each, sampled every 5
+    PYTHONPATH=src .venv/bin/python benchmarks/soak.py --set learner.batch_size=16 --set collector.num_workers=8
+
+`--set` overrides the demo's config in both runs (recorded in the JSON): a smaller batch makes each learner step
+cheaper, so the same number of saves, checkpoints, rows and pool updates fits in less time.
 
 Writes `benchmarks/results/soak.json` and `soak.png` (`soak-smoke.*` with `--smoke`) and prints the slopes.
 The probe is `footprint.sample`.
@@ -40,12 +44,13 @@ def learner_steps(run_dir: Path) -> int:
     return max(steps, default=-1)
 
 
-def soak(kind: str, steps: int, every: int, model_dir: str, runs: Path) -> list[dict[str, Any]]:
-    """Run `steps` learner steps of `kind` in a child `unstable train`; a sample at every `every`-th step."""
+def soak(kind: str, steps: int, every: int, model_dir: str, runs: Path, extra: list[str]) -> list[dict[str, Any]]:
+    """Run `steps` learner steps of `kind` in a child `unstable train` with the `extra` overrides; a sample at
+    every `every`-th step."""
     overrides = [
         f"run.dir={runs}", f"run.name={kind}", f"model.path={model_dir}", "model.build_tiny_if_missing=false",
         "warm_start=null", f"learner.num_steps={steps}", "evaluation.games_at_start=0", "evaluation.games_at_end=0",
-        "collector.num_eval_workers=0", "tracker.wandb=disabled", "tracker.tensorboard=false", *KINDS[kind],
+        "collector.num_eval_workers=0", "tracker.wandb=disabled", "tracker.tensorboard=false", *KINDS[kind], *extra,
     ]  # fmt: skip
     env = os.environ | {"PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}
@@ -104,16 +109,21 @@ def main() -> None:
     parser.add_argument("--flat-after", type=int, default=300, help="slopes over the samples after this step")
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     parser.add_argument("--smoke", action="store_true", help="40 steps, a sample every 5, slopes after step 10")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for both runs, as `unstable train --set`")  # fmt: skip
     args = parser.parse_args()
     if args.smoke:
         args.steps, args.every, args.flat_after = 40, 5, 10
     from unstable.models.tiny import ensure_tiny_model
 
     model_dir = str(ensure_tiny_model(ROOT / ".cache" / "tiny-qwen3"))
-    results: dict[str, Any] = {"steps": args.steps, "every": args.every, "flat_after": args.flat_after, "runs": {}}
+    results: dict[str, Any] = {
+        "steps": args.steps, "every": args.every, "flat_after": args.flat_after, "overrides": args.overrides,
+        "command": " ".join(["python", *sys.argv]), "machine": {"cpus": os.cpu_count()}, "runs": {},
+    }  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.kinds:
-            samples = soak(kind, args.steps, args.every, model_dir, Path(tmp))
+            samples = soak(kind, args.steps, args.every, model_dir, Path(tmp), args.overrides)
             slopes = {key: slope(samples, key, args.flat_after) for key in MEASURES}
             results["runs"][kind] = {"samples": samples, "slope_per_step": slopes}
     name = "soak-smoke" if args.smoke else "soak"

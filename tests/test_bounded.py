@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -233,3 +234,32 @@ def test_unstable_train_keeps_the_ladder_within_the_pools_bound(tiny_model_dir, 
     tables = json.loads((run_dir / LATEST_TABLES_FILE).read_text())  # the run's end, after its last row
     assert len(tables[keys.POOL_LADDER]) <= 3 and len(tables[keys.POOL_MATCH_MATRIX]) <= 3, tables
     assert read_rows(run_dir)[-1][keys.POOL_CHECKPOINTS] == 7
+
+
+@pytest.mark.slow
+def test_the_inference_actor_holds_a_thread_per_game_that_can_call_it_not_thousands(tiny_model_dir, tmp_path):
+    """Ray gives a threaded actor `max_concurrency` threads, and over a long run each one is used and its stack
+    touched: the soak's inference actor grew by ~0.1 MB per learner step with 4,096 of them. On the YAML path it
+    gets one per game in flight (training, evaluation) and a few for control calls."""
+    import psutil
+
+    overrides = tiny_run(tmp_path, tiny_model_dir, "threads", "warm_start=null", "learner.num_steps=3")
+    command = [sys.executable, "-m", "unstable.cli.main", "train", str(EXAMPLE)]
+    train = subprocess.Popen(
+        [*command, *[arg for o in overrides for arg in ("--set", o)]],
+        env=os.environ | {"PYTHONPATH": str(SRC)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    threads = 0  # the most the inference actor's process held while the run went on
+    try:
+        while train.poll() is None:
+            for process in psutil.Process(train.pid).children(recursive=True):
+                try:
+                    if process.name().startswith("ray::InferenceServer"):
+                        threads = max(threads, process.num_threads())
+                except psutil.NoSuchProcess:
+                    pass
+            time.sleep(0.5)
+        assert train.returncode == 0
+    finally:
+        train.kill()
+    assert 0 < threads < 200, threads

@@ -22,7 +22,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from unstable.agents.policy import GenerationClient, PolicyAgent
 from unstable.agents.seating import make_agent, parse_opponent, seat_agents
 from unstable.buffer.step_buffer import steps_to_add
-from unstable.collector.config import CollectorConfig
+from unstable.collector.config import EVAL_CONCURRENCY, CollectorConfig
 from unstable.collector.pacing import Pacing
 from unstable.games.branching import play_branched_episode
 from unstable.games.episode import play_episode
@@ -145,7 +145,7 @@ class Collector:
         self.pacing.hold(arrived, waiting - starting)
         return waiting - starting
 
-    def evaluate(self, num_games: int, concurrency: int = 16) -> list[GameRecord]:
+    def evaluate(self, num_games: int, concurrency: int = EVAL_CONCURRENCY) -> list[GameRecord]:
         """Play `num_games` eval games now (blocking), seats alternating; returns their records."""
         if num_games == 0:
             return []

@@ -55,6 +55,10 @@ class EnvSpecConfig(Settings):
         return EnvSpec(self.env_id, self.num_players, self.prompt_template)
 
 
+# `Collector.evaluate` plays this many evaluation games at once unless told otherwise
+EVAL_CONCURRENCY = 16
+
+
 class CollectorConfig(Settings):
     """How many games run at once, which games, and who the evaluation games are against."""
 
@@ -99,3 +103,8 @@ class CollectorConfig(Settings):
     def evaluation_specs(self) -> list[EnvSpec]:
         """The evaluation games as records (the training games when none are given)."""
         return [e.to_spec() for e in self.evaluation_envs or self.training_envs]
+
+    def games_in_flight(self) -> int:
+        """The most games this collector plays at once: while collecting, its training and evaluation games; in an
+        evaluation alone, `EVAL_CONCURRENCY`. Each waits on at most one inference request at a time."""
+        return max(self.num_workers + self.num_eval_workers, EVAL_CONCURRENCY)

@@ -24,7 +24,7 @@ from unstable.algorithms.base import BaseAlgo
 from unstable.buffer import StepBuffer
 from unstable.buffer.config import BufferConfig
 from unstable.collector import Collector
-from unstable.collector.config import CollectorConfig
+from unstable.collector.config import MAX_GAMES_IN_FLIGHT, CollectorConfig
 from unstable.inference import InferenceClient, InferenceConfig, InferenceServer
 from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
 from unstable.pool import ModelPool
@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 # run's thousands of calls per learner step (each generation, each step pushed) would hold hundreds of MB there
 # and grow its memory for days. Nothing here reads those records (the Ray dashboard's task list would).
 SHELL = {"num_cpus": 0, "enable_task_events": False}
+# Inference actor calls beside the games' requests: starting, weights and adapters, statistics, stopping.
+CONTROL_CALLS = 16
 
 
 def log_to_run_dir(run_dir: str | Path, component: str) -> None:
@@ -186,9 +188,11 @@ class CollectorActor(Collector):
             inference = inference.model_copy(update={"num_actors": num_actors})
         if evaluation_opponent is not None:
             settings["evaluation_opponents"] = [evaluation_opponent]
-        servers = _start_servers(model_path, inference, dtype, seed, resume_step, lora_rank)
-        client = InferenceClient([RemoteProxy(server) for server in servers])
         cfg = CollectorConfig(**settings)
+        # the original API names its games in flight later, in `collect(num_workers)`: any number up to the bound
+        games = MAX_GAMES_IN_FLIGHT if vllm_config is not None else cfg.games_in_flight()
+        servers = _start_servers(model_path, inference, dtype, seed, resume_step, lora_rank, games)
+        client = InferenceClient([RemoteProxy(server) for server in servers])
         super().__init__(
             client,
             RemoteProxy(model_pool, fire_and_forget={"record_game"}),
@@ -203,7 +207,7 @@ class CollectorActor(Collector):
         _register_source(tracker)  # the games held back by pacing
 
 
-@ray.remote(**SHELL, max_concurrency=4096)
+@ray.remote(**SHELL, max_concurrency=MAX_GAMES_IN_FLIGHT + CONTROL_CALLS)
 class InferenceServerActor(InferenceServer):
     """An inference server Ray restarts (up to `InferenceConfig.max_restarts` times) when its process dies.
 
@@ -242,10 +246,13 @@ def _start_servers(
     seed: int,
     resume_step: int = 0,
     lora_rank: int | None = None,
+    games_in_flight: int = MAX_GAMES_IN_FLIGHT,
 ) -> list:
     """`inference.num_actors` started inference server actors, serving adapters up to `lora_rank`, each sampling
     with its own seed, mixed from the run's `seed`, its index and `resume_step` (0 for a fresh run): no two actors,
-    nor two sessions of a resumed run, share a stream. The seeds are logged."""
+    nor two sessions of a resumed run, share a stream. The seeds are logged. Each actor gets a Ray thread per game
+    in flight and `CONTROL_CALLS` more: Ray makes every thread of a threaded actor, and over a long run each one is
+    used and its stack touched (4,096 threads grew the soak's inference actor by ~0.1 MB per learner step)."""
     from unstable.inference import make_backend
 
     needed, have = inference.num_gpus * inference.num_actors, ray.cluster_resources().get("GPU", 0.0)
@@ -258,9 +265,11 @@ def _start_servers(
     seeds = [_mixed_seed(seed, index, resume_step) for index in range(inference.num_actors)]
     log.warning("inference actors sample with seeds %s (run seed %d, resume step %d)", seeds, seed, resume_step)
     servers = [
-        InferenceServerActor.options(num_gpus=inference.num_gpus, max_restarts=inference.max_restarts).remote(
-            factory, inference, actor_seed
-        )
+        InferenceServerActor.options(
+            num_gpus=inference.num_gpus,
+            max_restarts=inference.max_restarts,
+            max_concurrency=games_in_flight + CONTROL_CALLS,
+        ).remote(factory, inference, actor_seed)
         for actor_seed in seeds
     ]
     ray.get([server.start.remote() for server in servers])

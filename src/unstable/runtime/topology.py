@@ -38,17 +38,36 @@ def resolve_model_path(cfg: RunConfig) -> str:
     return cfg.model.path
 
 
+# Ray waits a fixed 30 s for a new node to register with its GCS, then raises this; on a loaded machine (a 2-core
+# VM at load average 20) that happens to one start in a few, and the next try usually starts.
+NODE_START_TIMED_OUT = "node timed out during startup"
+RAY_START_ATTEMPTS = 3
+
+
 def init_ray(cfg: RunConfig) -> None:
-    """Start (or join) Ray with the run's CPU budget, forwarding the environment the actors need."""
+    """Start (or join) Ray with the run's CPU budget, forwarding the environment the actors need; a node that
+    times out at startup is started again, up to `RAY_START_ATTEMPTS` tries."""
     import ray
 
-    ray.init(
-        num_cpus=cfg.run.num_cpus,
-        include_dashboard=False,
-        logging_level=logging.WARNING,
-        ignore_reinit_error=True,
-        runtime_env={"env_vars": _forwarded_env()},
-    )
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        try:
+            ray.init(
+                num_cpus=cfg.run.num_cpus,
+                include_dashboard=False,
+                logging_level=logging.WARNING,
+                ignore_reinit_error=True,
+                runtime_env={"env_vars": _forwarded_env()},
+            )
+            return
+        except Exception as exc:
+            if NODE_START_TIMED_OUT not in str(exc):
+                raise
+            ray.shutdown()
+            if attempt == RAY_START_ATTEMPTS:
+                raise RuntimeError(f"Ray did not start in {RAY_START_ATTEMPTS} attempts: {exc}") from exc
+            log.warning(
+                "Ray's node timed out at startup (attempt %d of %d): starting it again", attempt, RAY_START_ATTEMPTS
+            )
 
 
 def build_topology(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> Topology:
