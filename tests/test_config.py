@@ -274,3 +274,14 @@ def test_every_subcommand_refuses_a_missing_or_wrong_path_in_one_line(tmp_path, 
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1 and expected in err, (argv, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "broken", "model"]
+
+
+def test_the_original_apis_learner_keywords_default_to_the_yaml_learners_values():
+    """`StandardLearner(...)` without a keyword trains as `learner:` without that field does: one set of defaults."""
+    from unstable.learner import LearnerConfig, LoraConfig
+    from unstable.runtime.actors import learner_config_from_original_api
+
+    assert learner_config_from_original_api() == LearnerConfig()
+    full = learner_config_from_original_api(full_finetune=True, activation_checkpointing=True, batch_size=8)
+    assert full == LearnerConfig(lora=None, gradient_checkpointing=True, batch_size=8)
+    assert learner_config_from_original_api(lora_cfg={"lora_rank": 4}).lora == LoraConfig(lora_rank=4)

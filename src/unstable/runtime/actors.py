@@ -286,29 +286,22 @@ def _chat_tokenizer(cfg: CollectorConfig, model_path: str):
 
 
 def learner_config_from_original_api(
-    batch_size: int = 384,
-    mini_batch_size: int | None = None,
-    learning_rate: float = 1e-5,
-    grad_clip: float = 0.2,
     lora_cfg: dict[str, Any] | None = None,
     full_finetune: bool = False,
     activation_checkpointing: bool = False,
-    gradient_checkpointing: bool = False,
-    max_train_len: int | None = None,
     **settings,
 ) -> LearnerConfig:
-    """The original API's StandardLearner keywords as a LearnerConfig (activation and gradient checkpointing are the
-    same switch in transformers); any other LearnerConfig field by keyword."""
-    return LearnerConfig(
-        batch_size=batch_size,
-        mini_batch_size=mini_batch_size,
-        learning_rate=learning_rate,
-        grad_clip=grad_clip,
-        lora=None if full_finetune else LoraConfig(**(lora_cfg or {})),
-        gradient_checkpointing=activation_checkpointing or gradient_checkpointing,
-        max_train_len=max_train_len,
-        **settings,
-    )
+    """The original API's StandardLearner keywords as a LearnerConfig: `lora_cfg` is `lora`, `full_finetune` is
+    `lora: null`, `activation_checkpointing` is `gradient_checkpointing` (one switch in transformers); every other
+    keyword (batch_size, mini_batch_size, learning_rate, grad_clip, max_train_len, ...) is the LearnerConfig field
+    of its name. A keyword left out takes LearnerConfig's default, as a field left out of `learner:` does."""
+    if full_finetune:
+        settings["lora"] = None
+    elif lora_cfg is not None:
+        settings["lora"] = LoraConfig(**lora_cfg)
+    if activation_checkpointing:
+        settings["gradient_checkpointing"] = True
+    return LearnerConfig(**settings)
 
 
 @ray.remote(**SHELL)
