@@ -5,8 +5,10 @@ flat. Run on demand (never from tests):
 
     PYTHONPATH=src .venv/bin/python benchmarks/soak.py                  # 2,000 steps each (hours on 2 CPU cores)
     PYTHONPATH=src .venv/bin/python benchmarks/soak.py --smoke          # 40 steps each, sampled every 5
+    PYTHONPATH=src .venv/bin/python benchmarks/soak.py --steps 4 --every 2 --flat-after 0 --out /tmp/soak.json  # tests
 
-Writes `benchmarks/results/soak.json` and `soak.png` (`soak-smoke.*` with `--smoke`) and prints the slopes.
+Writes `--out` (default `benchmarks/results/soak.json`, `soak-smoke.json` with `--smoke`) and a PNG beside it, and
+prints the slopes.
 The probe is `footprint.sample`.
 """
 
@@ -104,6 +106,7 @@ def main() -> None:
     parser.add_argument("--flat-after", type=int, default=300, help="slopes over the samples after this step")
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     parser.add_argument("--smoke", action="store_true", help="40 steps, a sample every 5, slopes after step 10")
+    parser.add_argument("--out", type=Path, help="the JSON to write, the PNG beside it (default: results/soak.json)")
     args = parser.parse_args()
     if args.smoke:
         args.steps, args.every, args.flat_after = 40, 5, 10
@@ -116,14 +119,14 @@ def main() -> None:
             samples = soak(kind, args.steps, args.every, model_dir, Path(tmp))
             slopes = {key: slope(samples, key, args.flat_after) for key in MEASURES}
             results["runs"][kind] = {"samples": samples, "slope_per_step": slopes}
-    name = "soak-smoke" if args.smoke else "soak"
-    out = ROOT / "benchmarks" / "results"
-    (out / f"{name}.json").write_text(json.dumps(results, indent=1))
-    plot(results, out / f"{name}.png")
+    out = args.out or ROOT / "benchmarks" / "results" / ("soak-smoke.json" if args.smoke else "soak.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    plot(results, out.with_suffix(".png"))
     print(f"per-step slope after step {args.flat_after} (bytes per learner step):")
     for kind, run in results["runs"].items():
         print(f"  {kind}: " + ", ".join(f"{k} {v:+.0f}" for k, v in run["slope_per_step"].items() if v is not None))
-    print(f"wrote {out / name}.json and .png")
+    print(f"wrote {out} and {out.with_suffix('.png').name}")
 
 
 if __name__ == "__main__":
