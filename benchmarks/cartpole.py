@@ -4,13 +4,14 @@ wall time, evaluation steps do not count as env steps). Run on demand (never fro
 
     PYTHONPATH=src .venv/bin/python benchmarks/cartpole.py --seeds 3
     PYTHONPATH=src .venv/bin/python benchmarks/cartpole.py --seeds 3 --replay-collections 4   # off-policy
+    PYTHONPATH=src .venv/bin/python benchmarks/cartpole.py --smoke --out /tmp/cartpole.json   # 2 train steps (tests)
 
 Writes benchmarks/results/cartpole.json (cartpole-replay4.json) and prints a table.
 """
 
 from __future__ import annotations
 
-from gym_benchmark import make_parser, run_benchmark
+from gym_benchmark import make_parser, run_benchmark, smoke_config
 
 from unstable.rl.gym_utils import GymConfig
 
@@ -37,6 +38,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     cfg = CONFIG.replace(replay_buffer_steps=args.replay_collections * CONFIG.replay_buffer_steps)
+    if args.smoke:
+        cfg, args.seeds = smoke_config(cfg), 1
     name = "cartpole" if args.replay_collections == 1 else f"cartpole-replay{args.replay_collections}"
     summary = {"target_return": TARGET, "replay_collections": args.replay_collections}
     result = run_benchmark(name, cfg, args.seeds, args.out, summary)

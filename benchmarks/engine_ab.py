@@ -7,6 +7,7 @@ on a shared machine. Prompts are TicTacToe observations of random-vs-random game
 (about 215-295 tokens), batches of distinct prompts, base model, temperature 1.
 
     python benchmarks/engine_ab.py --baseline 917aa14 [--max-new-tokens 24 64] [--batches 1 16 64]
+    python benchmarks/engine_ab.py --smoke --out /tmp/engine_ab.json   # this tree against itself (tests)
 """
 
 from __future__ import annotations
@@ -57,23 +58,35 @@ def measure(src: Path, model: str, args) -> list[dict]:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def measure_commit(commit: str, model: str, args) -> list[dict]:
+    """MEASURE on `commit`'s tree, checked out into a temporary git worktree (removed after)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-f", "-q", tmp, commit], check=True)
+        try:
+            return measure(Path(tmp) / "src", model, args)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", tmp], check=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline", required=True, help="a commit to compare this tree with")
+    parser.add_argument("--baseline", help="a commit to compare this tree with")
     parser.add_argument("--max-new-tokens", type=int, nargs="+", default=[24, 64])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--out", default="benchmarks/results/engine_ab.json")
+    parser.add_argument(
+        "--smoke", action="store_true", help="this tree against itself (no worktree), 2 tokens, batch 1"
+    )
     args = parser.parse_args()
+    if not args.smoke and not args.baseline:
+        parser.error("--baseline COMMIT is required (or --smoke)")
+    if args.smoke:
+        args.baseline, args.max_new_tokens, args.batches = "this tree", [2], [64]  # 64: the fewest rounds (2)
 
     from unstable.models.tiny import ensure_tiny_model
 
     model = str(ensure_tiny_model(ROOT / ".cache" / "tiny-qwen3"))
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-f", "-q", tmp, args.baseline], check=True)
-        try:
-            baseline = measure(Path(tmp) / "src", model, args)
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", tmp], check=True)
+    baseline = measure(ROOT / "src", model, args) if args.smoke else measure_commit(args.baseline, model, args)
     current = measure(ROOT / "src", model, args)
     result = {"baseline": args.baseline, "cpus": os.cpu_count(), "baseline_rows": baseline, "rows": current}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

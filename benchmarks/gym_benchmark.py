@@ -22,11 +22,19 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def make_parser(description: str, default_seeds: int) -> argparse.ArgumentParser:
-    """`--seeds N` and `--out FILE` (defaults: `default_seeds`, benchmarks/results/<script>.json)."""
+    """`--seeds N`, `--out FILE` (defaults: `default_seeds`, benchmarks/results/<script>.json) and `--smoke`."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--seeds", type=int, default=default_seeds, help="independent runs (seeds 0..N-1)")
     parser.add_argument("--out", type=Path, help="JSON file to write")
+    parser.add_argument("--smoke", action="store_true", help="1 seed, 2 train steps, each evaluated on 2 episodes")
     return parser
+
+
+def smoke_config(cfg: GymConfig) -> GymConfig:
+    """`cfg` cut to two train steps (one collection each), each followed by a 2-episode evaluation (tests)."""
+    return cfg.replace(
+        total_env_steps=2 * cfg.num_envs * cfg.steps_per_collect, eval_interval=1, eval_episodes=2, stop_at_return=None
+    )
 
 
 def run_seed(cfg: GymConfig) -> dict[str, Any]:

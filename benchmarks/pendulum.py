@@ -4,13 +4,14 @@ episodes before training and after 200 train steps of 1024 env steps each (a ran
 Run on demand (never from tests):
 
     PYTHONPATH=src .venv/bin/python benchmarks/pendulum.py --seeds 3
+    PYTHONPATH=src .venv/bin/python benchmarks/pendulum.py --smoke --out /tmp/pendulum.json   # 2 train steps (tests)
 
 Writes benchmarks/results/pendulum.json and prints a table.
 """
 
 from __future__ import annotations
 
-from gym_benchmark import make_parser, run_benchmark
+from gym_benchmark import make_parser, run_benchmark, smoke_config
 
 from unstable.rl.gym_utils import GymConfig
 
@@ -33,7 +34,8 @@ CONFIG = GymConfig(
 
 def main() -> None:
     args = make_parser(__doc__.splitlines()[0], default_seeds=3).parse_args()
-    run_benchmark("pendulum", CONFIG, args.seeds, args.out, {})
+    cfg, seeds = (smoke_config(CONFIG), 1) if args.smoke else (CONFIG, args.seeds)
+    run_benchmark("pendulum", cfg, seeds, args.out, {})
 
 
 if __name__ == "__main__":

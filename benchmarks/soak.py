@@ -5,12 +5,15 @@ flat. Run on demand (never from tests):
 
     PYTHONPATH=src .venv/bin/python benchmarks/soak.py                  # 2,000 steps each (hours on 2 CPU cores)
     PYTHONPATH=src .venv/bin/python benchmarks/soak.py --smoke          # 40 steps each, sampled every 5
-    PYTHONPATH=src .venv/bin/python benchmarks/soak.py --set learner.batch_size=16 --set collector.num_workers=8
+    PYTHONPATH=src .venv/bin/python benchmarks/soak.py --set learner.batch_size=4 --set collector.num_workers=4 \
+        --set buffer.max_buffer_size=8                                 # the committed results (see docs)
+    PYTHONPATH=src .venv/bin/python benchmarks/soak.py --steps 4 --every 2 --flat-after 0 --out /tmp/soak.json  # tests
 
 `--set` overrides the demo's config in both runs (recorded in the JSON): a smaller batch makes each learner step
 cheaper, so the same number of saves, checkpoints, rows and pool updates fits in less time.
 
-Writes `benchmarks/results/soak.json` and `soak.png` (`soak-smoke.*` with `--smoke`) and prints the slopes.
+Writes `--out` (default `benchmarks/results/soak.json`, `soak-smoke.json` with `--smoke`) and a PNG beside it, and
+prints the slopes.
 The probe is `footprint.sample`.
 """
 
@@ -111,6 +114,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="40 steps, a sample every 5, slopes after step 10")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for both runs, as `unstable train --set`")  # fmt: skip
+    parser.add_argument("--out", type=Path, help="the JSON to write, the PNG beside it (default: results/soak.json)")
     args = parser.parse_args()
     if args.smoke:
         args.steps, args.every, args.flat_after = 40, 5, 10
@@ -126,14 +130,14 @@ def main() -> None:
             samples = soak(kind, args.steps, args.every, model_dir, Path(tmp), args.overrides)
             slopes = {key: slope(samples, key, args.flat_after) for key in MEASURES}
             results["runs"][kind] = {"samples": samples, "slope_per_step": slopes}
-    name = "soak-smoke" if args.smoke else "soak"
-    out = ROOT / "benchmarks" / "results"
-    (out / f"{name}.json").write_text(json.dumps(results, indent=1))
-    plot(results, out / f"{name}.png")
+    out = args.out or ROOT / "benchmarks" / "results" / ("soak-smoke.json" if args.smoke else "soak.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    plot(results, out.with_suffix(".png"))
     print(f"per-step slope after step {args.flat_after} (bytes per learner step):")
     for kind, run in results["runs"].items():
         print(f"  {kind}: " + ", ".join(f"{k} {v:+.0f}" for k, v in run["slope_per_step"].items() if v is not None))
-    print(f"wrote {out / name}.json and .png")
+    print(f"wrote {out} and {out.with_suffix('.png').name}")
 
 
 if __name__ == "__main__":

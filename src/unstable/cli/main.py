@@ -14,17 +14,34 @@ from pathlib import Path
 from typing import Any
 
 
+class ProgressBar:
+    """One task of a Rich progress bar: `advance()` counts a unit of work, `set_total(n)` sets how many there are
+    once that is known (a spinner until then)."""
+
+    def __init__(self, bar: Any, task: Any):
+        self._bar = bar
+        self._task = task
+
+    def advance(self) -> None:
+        """One more unit done."""
+        self._bar.advance(self._task)
+
+    def set_total(self, total: int) -> None:
+        """The task has `total` units in all."""
+        self._bar.update(self._task, total=total)
+
+
 @contextmanager
-def progress(description: str, total: int | None = None) -> Iterator[Callable[[], None]]:
-    """A Rich progress bar on stderr for long work (a spinner when `total` is None); yields `advance()`."""
+def progress(description: str, total: int | None = None) -> Iterator[ProgressBar]:
+    """A Rich progress bar on stderr for long work (a spinner while its total is None); yields its `ProgressBar`."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
     with Progress(*columns, TimeElapsedColumn(), console=Console(stderr=True)) as bar:
         task = bar.add_task(description, total=total)
-        yield lambda: bar.advance(task)
-        if total is None:  # the spinner's work is done: show it as one finished step
+        yield ProgressBar(bar, task)
+        if bar.tasks[0].total is None:  # the spinner's work is done: show it as one finished step
             bar.update(task, total=1, completed=1)
 
 
@@ -269,38 +286,36 @@ def _print_epoch(row: dict[str, float]) -> None:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    """`unstable sft`: warm-start a model on the moves of scripted agents; prints the checkpoint path."""
-    from transformers import AutoTokenizer
-
-    from unstable.collector.demonstrations import generate_sft_steps
-    from unstable.learner import LearnerConfig, LoraConfig
-    from unstable.learner.sft import run_sft
+    """`unstable sft`: warm-start a model on the moves of scripted agents (`learner.sft.warm_start`, as
+    `unstable train`'s `warm_start:` does); prints the checkpoint path."""
+    from unstable.learner import LoraConfig, WarmStartConfig
+    from unstable.learner.sft import warm_start
 
     check_makeable("--out-dir", args.out_dir)
     model, spec = _model_and_spec(args)
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    steps = generate_sft_steps(spec, args.agents, args.games, tokenizer, seed=args.seed)
-    print(f"unstable: {len(steps)} supervised moves from {args.games} games of {' vs '.join(args.agents)}", flush=True)
+    ws = WarmStartConfig(
+        agents=args.agents, games=args.games, epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr
+    )
     lora = LoraConfig(lora_rank=args.lora_rank, lora_alpha=2 * args.lora_rank)
     if args.lora_targets:
         lora.target_modules = args.lora_targets
-    cfg = LearnerConfig(
-        batch_size=args.batch_size,
-        learning_rate=args.lr,
-        lora=None if args.full_finetune else lora,
-        num_threads=args.threads,
-    )
-    updates = args.epochs * math.ceil(len(steps) / args.batch_size)
-    with progress("SFT updates", updates) as advance:
-        path = run_sft(
+    with progress("SFT updates") as bar:
+
+        def announce(moves: int) -> None:
+            print(f"unstable: {moves} supervised moves from {ws.games} games of {' vs '.join(ws.agents)}", flush=True)
+            bar.set_total(ws.epochs * math.ceil(moves / ws.batch_size))
+
+        path = warm_start(
             model,
-            steps,
-            cfg,
+            spec,
+            ws,
+            lora=None if args.full_finetune else lora,
             out_dir=args.out_dir,
-            epochs=args.epochs,
             seed=args.seed,
+            num_threads=args.threads,
+            on_moves=announce,
             on_epoch=_print_epoch,
-            on_update=lambda metrics: advance(),
+            on_update=lambda metrics: bar.advance(),
         )
     print(f"checkpoint: {path}")
     return 0
@@ -317,7 +332,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.out:
         check_makeable("--out", str(Path(args.out).parent))
     model, spec = _model_and_spec(args)
-    with progress("eval games", args.games * len(args.opponents)) as advance:
+    with progress("eval games", args.games * len(args.opponents)) as bar:
         report = evaluate(
             model,
             spec,
@@ -329,7 +344,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             ),
             concurrency=args.concurrency,
             seed=args.seed,
-            on_game=lambda record: advance(),
+            on_game=lambda record: bar.advance(),
         )
     print(format_report(report))
     if args.out:

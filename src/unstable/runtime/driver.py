@@ -124,35 +124,21 @@ def _unable_to_play(table: dict[str, Any]) -> str | None:
 def warm_start(
     cfg: RunConfig, run_dir: Path, on_epoch: Callable[[dict[str, Any]], None] = lambda row: None
 ) -> RunConfig:
-    """Run `cfg.warm_start`: SFT on the scripted agents' moves in the first training env, with the learner's LoRA
-    shape (or every weight) and all CPU threads, into `run_dir/warm-start/`. Returns `cfg` starting RL from that
-    checkpoint: the new `model.path` when fully fine-tuning, else `learner.initial_lora_path`. `on_epoch` gets
-    each pass's `{"epoch", "loss", "updates", "moves"}`."""
-    from transformers import AutoTokenizer
+    """Run `cfg.warm_start` (`learner.sft.warm_start`) in the first training env, with the learner's LoRA shape (or
+    every weight) and all CPU threads, into `run_dir/warm-start/`. Returns `cfg` starting RL from that checkpoint:
+    the new `model.path` when fully fine-tuning, else `learner.initial_lora_path`. `on_epoch` gets each pass's
+    `{"epoch", "loss", "updates", "moves"}`."""
+    from unstable.learner.sft import warm_start as supervised_warm_start
 
-    from unstable.collector.demonstrations import generate_sft_steps
-    from unstable.learner import LearnerConfig
-    from unstable.learner.sft import run_sft
-
-    ws = cfg.warm_start
-    model = resolve_model_path(cfg)
-    spec = cfg.collector.training_specs()[0]
-    steps = generate_sft_steps(spec, ws.agents, ws.games, AutoTokenizer.from_pretrained(model), seed=cfg.run.seed)
-    sft_cfg = LearnerConfig(
-        batch_size=ws.batch_size,
-        learning_rate=ws.learning_rate,
-        micro_batch_tokens=cfg.learner.micro_batch_tokens,
+    checkpoint = supervised_warm_start(
+        resolve_model_path(cfg),
+        cfg.collector.training_specs()[0],
+        cfg.warm_start,
         lora=cfg.learner.lora,
-        num_threads=None,
-    )
-    checkpoint = run_sft(
-        model,
-        steps,
-        sft_cfg,
         out_dir=str(run_dir / WARM_START_DIR),
-        epochs=ws.epochs,
         seed=cfg.run.seed,
-        on_epoch=lambda row: _after_epoch(row | {"moves": len(steps)}, run_dir, on_epoch),
+        micro_batch_tokens=cfg.learner.micro_batch_tokens,
+        on_epoch=lambda row: _after_epoch(row, run_dir, on_epoch),
     )
     if cfg.learner.lora is None:
         model_cfg = cfg.model.model_copy(update={"path": checkpoint, "build_tiny_if_missing": False})

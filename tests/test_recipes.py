@@ -1,0 +1,114 @@
+"""The recipes are config files: each validates with the config loader, holds the settings of the measured run the
+docs cite (recorded in that run's `learning.json`), and runs through `unstable train` as it is."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from unstable.config import load_config
+
+ROOT = Path(__file__).parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import learning  # noqa: E402
+
+
+@pytest.mark.parametrize("path", learning.RECIPES, ids=lambda p: p.name)
+def test_every_recipe_the_benchmark_runs_validates_and_names_a_game_it_evaluates(path):
+    cfg = load_config(path)
+    assert learning.game_of(cfg, path) in learning.OPPONENTS
+    assert cfg.warm_start is not None and cfg.learner.lora is None  # the tiny model: full fine-tuning from SFT
+
+
+def _measured(name: str) -> dict:
+    return json.loads((RESULTS / name / "learning.json").read_text())["settings"]
+
+
+def _warm_and_rl(cfg) -> dict:
+    """The settings a learning.json of the benchmark's own-settings days recorded, as the recipe holds them."""
+    learner, ws, inference = cfg.learner, cfg.warm_start, cfg.inference
+    return {
+        "finetune": "full" if learner.lora is None else "lora",
+        "sft_games": ws.games,
+        "sft_epochs": ws.epochs,
+        "sft_batch_size": ws.batch_size,
+        "sft_lr": ws.learning_rate,
+        "rl_steps": learner.num_steps,
+        "rl_batch_size": learner.batch_size,
+        "rl_lr": learner.learning_rate,
+        "rl_lr_schedule": learner.lr_schedule,
+        "rl_min_lr_ratio": learner.min_lr_ratio,
+        "rl_workers": cfg.collector.num_workers,
+        "temperature": inference.temperature,
+        "max_new_tokens": inference.max_new_tokens,
+    }
+
+
+def test_the_demo_recipe_is_the_one_measured_across_seeds():
+    """docs/learning.md's "Measured across seeds" of `examples/tictactoe-tiny.yaml`: benchmarks/results/recipe-cosine
+    (then: half the games mirror self-play, half against `random`; rewards z-scored per env; KL 0.1)."""
+    cfg = load_config(ROOT / "examples" / "tictactoe-tiny.yaml")
+    measured = _measured("recipe-cosine")
+    assert {k: measured[k] for k in _warm_and_rl(cfg)} == _warm_and_rl(cfg)
+    assert cfg.warm_start.agents == ["random", "random"] and cfg.learner.warmup_steps == 0
+    assert (cfg.pool.sample_mode, cfg.pool.fixed_opponents) == ("random", [measured["train_opponent"]])
+    assert cfg.buffer.max_buffer_size == 2 * measured["rl_batch_size"]
+    assert [t.name for t in cfg.buffer.sampling_reward_transforms] == ["NormalizeRewardsByEnv"]
+    assert cfg.learner.algorithm.args == json.loads(measured["algorithm_args"])
+
+
+def test_the_benchmark_recipes_are_the_ones_measured_from_a_fresh_clone():
+    """docs/learning.md's "Measured from a fresh clone of 5192767": benchmarks/results/default-5192767."""
+    measured = _measured("default-5192767")
+    ttt = load_config(ROOT / "examples" / "tictactoe-tiny-strong.yaml")
+    assert {k: measured[k] for k in _warm_and_rl(ttt)} == _warm_and_rl(ttt)
+    assert ttt.warm_start.agents == [measured["sft_agent"]] * 2
+    assert ttt.learner.warmup_steps == measured["rl_warmup_steps"] and ttt.learner.algorithm.args == {}
+    assert ttt.pool.sample_mode == "fixed" and ttt.pool.fixed_opponents == measured["train_opponent"].split(",")
+    assert ttt.buffer.max_buffer_size == 2 * measured["rl_batch_size"]
+    assert [t.name for t in ttt.buffer.sampling_reward_transforms] == ["NormalizeRewardsByOpponent"]
+    kuhn = load_config(ROOT / "examples" / "kuhn-poker-tiny.yaml")
+    assert kuhn.warm_start.agents == [measured["kuhn_sft_agent"]] * 2
+    assert kuhn.warm_start.games == measured["kuhn_sft_games"]
+    assert (kuhn.learner.num_steps, kuhn.learner.batch_size) == (
+        measured["kuhn_rl_steps"],
+        measured["kuhn_rl_batch_size"],
+    )
+    assert (kuhn.learner.learning_rate, kuhn.learner.warmup_steps) == (measured["kuhn_rl_lr"], 0)
+    assert kuhn.pool.sample_mode == measured["kuhn_train_opponent"] == "mirror"
+    assert kuhn.buffer.max_buffer_size == 2 * measured["kuhn_rl_batch_size"]
+    assert [t.name for t in kuhn.buffer.sampling_reward_transforms] == ["NormalizeRewardsByEnv"]
+    assert kuhn.learner.algorithm.args == {"ref_kl_coef": 0.1}  # the benchmark's RECIPE_ARGS of then
+
+
+@pytest.mark.slow
+def test_a_recipe_runs_through_unstable_train_as_it_is(tiny_model_dir, tmp_path):
+    """The Kuhn Poker recipe, cut to 2 learner steps after a 4-game warm start, through the `unstable` command."""
+    sets = [
+        f"run.dir={tmp_path}",
+        f"model.path={tiny_model_dir}",
+        "warm_start.games=4",
+        "learner.num_steps=2",
+        "learner.batch_size=4",
+        "buffer.max_buffer_size=8",
+        "collector.num_workers=2",
+        "evaluation.games_at_start=2",
+        "evaluation.games_at_end=2",
+        "tracker.tensorboard=false",
+    ]
+    command = [sys.executable, "-m", "unstable.cli.main", "train", "examples/kuhn-poker-tiny.yaml", "--no-wandb"]
+    done = subprocess.run(
+        [*command, *(arg for s in sets for arg in ("--set", s))],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "warm start epoch 1" in done.stdout and "step    2/2" in done.stdout
+    (run_dir,) = tmp_path.iterdir()
+    assert (run_dir / "checkpoints" / "ckpt-2" / "config.json").exists()  # every weight, from the warm start's model
+    assert (run_dir / "warm-start" / "checkpoints").is_dir()
