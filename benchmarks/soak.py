@@ -114,6 +114,7 @@ def main() -> None:
     parser.add_argument("--flat-after", type=int, default=300, help="slopes over the samples after this step")
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     parser.add_argument("--smoke", action="store_true", help="40 steps, a sample every 5, slopes after step 10")
+    parser.add_argument("--name", default="soak", help="the results' file name under benchmarks/results/")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for both runs, as `unstable train --set`")  # fmt: skip
     args = parser.parse_args()
@@ -131,7 +132,7 @@ def main() -> None:
             samples = soak(kind, args.steps, args.every, model_dir, Path(tmp), args.overrides)
             slopes = {key: slope(samples, key, args.flat_after) for key in MEASURES}
             results["runs"][kind] = {"samples": samples, "slope_per_step": slopes}
-    name = "soak-smoke" if args.smoke else "soak"
+    name = f"{args.name}-smoke" if args.smoke else args.name
     out = ROOT / "benchmarks" / "results"
     (out / f"{name}.json").write_text(json.dumps(results, indent=1))
     plot(results, out / f"{name}.png")
