@@ -39,11 +39,16 @@ MEASURES = ("disk_bytes", "state_bytes", "checkpoint_bytes", "rss_bytes", "row_b
 
 
 def learner_steps(run_dir: Path) -> int:
-    """The newest learner step in `run_dir/metrics.jsonl` (-1 before the first row)."""
+    """The newest learner step in `run_dir/metrics.jsonl` (-1 before the first row; a torn last line is skipped)."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return -1
-    steps = [json.loads(line).get("learner/step", -1) for line in path.read_text().splitlines()[-3:] if line]
+    steps = []
+    for line in path.read_text().splitlines()[-3:]:
+        try:
+            steps.append(json.loads(line).get("learner/step", -1))
+        except json.JSONDecodeError:  # the last line, read while the tracker writes it
+            pass
     return max(steps, default=-1)
 
 
