@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, r in zip(names, references):
         print(f"{name}: {r['wall_s']:.0f}s, phases {r['phase_s']}", flush=True)
 
-    killed_dir, kills = runs / "killed", []
+    killed_dir, kills, ended = runs / "killed", [], []  # ended: sessions that stopped before their planned kill
     args = [str(EXAMPLE), *overrides(a, "killed")]
     for planned in PLAN:
         now = phase_of(where(killed_dir, a.steps)) if kills else "warm start"
@@ -304,7 +304,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         else:
             hit = kill_in(planned, session, ref, rng, epochs, a.steps)
         if hit is None:
-            print(f"  session ended before the kill planned in {planned}: exit {session.wait()}", flush=True)
+            rc = session.wait()
+            ended.append({"planned": planned, "exit": rc, "output_tail": session.output()[-2000:]})
+            print(f"  session ended before the kill planned in {planned}: exit {rc}", flush=True)
             args = ["--resume", str(killed_dir)]
             continue
         kills.append({"planned": planned, "phase": hit[0], "after_s": hit[1], "stopped_at": where(killed_dir, a.steps)})
@@ -337,6 +339,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "settings": vars(a) | {"plan": PLAN},
         "references": references,
         "kills": kills,
+        "sessions_ended_unkilled": ended,
         "final_eval": {
             "references": ends,
             "killed": end_killed,
