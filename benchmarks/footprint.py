@@ -42,8 +42,16 @@ MODES = {
 
 
 def disk_bytes(path: Path) -> int:
-    """Bytes of the files under `path` (what `du -b` sums, without directories)."""
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    """Bytes of the files under `path` (what `du -b` sums, without directories); a file or folder that the run
+    deletes while it is summed (retention, a state replaced) counts as gone."""
+    total = 0
+    for root, _, files in os.walk(path):  # os.walk skips a folder that vanishes; rglob raises
+        for name in files:
+            try:
+                total += (Path(root) / name).stat().st_size
+            except FileNotFoundError:
+                pass
+    return total
 
 
 def tree_rss(process: psutil.Process | None = None) -> int:
