@@ -217,6 +217,8 @@ CASES = [
     ("eval of a model whose config.json is broken", _cli("eval", "--model", "TMP/broken"), "--model"),
     ("eval of a missing adapter", _cli("eval", "--model", "org/m", "--adapter", "TMP/none"), "--adapter"),
     ("sft writing under a file", _cli("sft", "--model", "org/m", "--out-dir", "TMP/a-file/sft"), "--out-dir"),
+    ("sft of zero games", _cli("sft", "--model", "org/m", "--games", "0"), "--games"),
+    ("sft with an adapter of rank 0", _cli("sft", "--model", "org/m", "--lora-rank", "0"), "--lora-rank"),
     ("eval on 10^6 torch threads", _cli("eval", "--model", "org/m", "--threads", "1000000"), "--threads"),
     ("a resume state every 0 steps", _with("learner.resume_state.every_steps=0"), "resume_state.every_steps"),
     ("a resume state every 0 minutes", _with("learner.resume_state.every_minutes=0"), "resume_state.every_minutes"),

@@ -4,6 +4,7 @@ warm-start by SFT, evaluate, play a checkpoint yourself, build the tiny model, l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
@@ -285,6 +286,29 @@ def _print_epoch(row: dict[str, float]) -> None:
     print(f"epoch {row['epoch']}: loss {row['loss']:.4f} ({row['updates']} updates)", flush=True)
 
 
+# `unstable sft`'s flag for each settings field it fills
+SFT_FLAGS = {
+    "agents": "--agents", "games": "--games", "epochs": "--epochs", "batch_size": "--batch-size",
+    "learning_rate": "--lr", "lora_rank": "--lora-rank", "lora_alpha": "--lora-rank",
+}  # fmt: skip
+
+
+@contextlib.contextmanager
+def _flags_named(flags: dict[str, str]):
+    """Turn a settings model's ValidationError inside the block into a ConfigError naming the command-line flag
+    (`flags`: field -> flag) and the value given."""
+    from pydantic import ValidationError
+
+    from unstable.config import ConfigError
+
+    try:
+        yield
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        flag = flags.get(str(error["loc"][0]), str(error["loc"][0]))
+        raise ConfigError(f"{flag} {error['input']!r}: {error['msg']}") from None
+
+
 def cmd_sft(args: argparse.Namespace) -> int:
     """`unstable sft`: warm-start a model on the moves of scripted agents (`learner.sft.warm_start`, as
     `unstable train`'s `warm_start:` does); prints the checkpoint path."""
@@ -293,10 +317,11 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
     check_makeable("--out-dir", args.out_dir)
     model, spec = _model_and_spec(args)
-    ws = WarmStartConfig(
-        agents=args.agents, games=args.games, epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr
-    )
-    lora = LoraConfig(lora_rank=args.lora_rank, lora_alpha=2 * args.lora_rank)
+    with _flags_named(SFT_FLAGS):
+        ws = WarmStartConfig(
+            agents=args.agents, games=args.games, epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr
+        )
+        lora = LoraConfig(lora_rank=args.lora_rank, lora_alpha=2 * args.lora_rank)
     if args.lora_targets:
         lora.target_modules = args.lora_targets
     with progress("SFT updates") as bar:
