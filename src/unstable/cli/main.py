@@ -296,7 +296,7 @@ SFT_FLAGS = {
 @contextlib.contextmanager
 def _flags_named(flags: dict[str, str]):
     """Turn a settings model's ValidationError inside the block into a ConfigError naming the command-line flag
-    (`flags`: field -> flag) and the value given."""
+    (`flags`: field -> flag; otherwise `--field-name`) and the value given."""
     from pydantic import ValidationError
 
     from unstable.config import ConfigError
@@ -305,8 +305,10 @@ def _flags_named(flags: dict[str, str]):
         yield
     except ValidationError as exc:
         error = exc.errors()[0]
-        flag = flags.get(str(error["loc"][0]), str(error["loc"][0]))
-        raise ConfigError(f"{flag} {error['input']!r}: {error['msg']}") from None
+        field = str(error["loc"][0])
+        raise ConfigError(
+            f"{flags.get(field, '--' + field.replace('_', '-'))} {error['input']}: {error['msg']}"
+        ) from None
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
@@ -380,7 +382,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _play_setup(args: argparse.Namespace):
     """The opponent, the model it is served on (None: no model), the game and the model's sampling settings of
     `unstable play`, every argument checked first: a bad one is a ConfigError before any work, nothing created."""
-    from pydantic import ValidationError
 
     from unstable.config import ConfigError
     from unstable.config.schema import check_model_path
@@ -397,13 +398,10 @@ def _play_setup(args: argparse.Namespace):
         raise ConfigError(f"--seat {args.seat}: a seat of the {args.num_players} players, 0 to {args.num_players - 1}")
     check_makeable("--out", args.out)
     check_threads(args.threads)
-    try:
+    with _flags_named({}):
         inference = InferenceConfig(
             max_new_tokens=args.max_new_tokens, temperature=args.temperature, num_threads=args.threads
         )
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        raise ConfigError(f"--{error['loc'][0].replace('_', '-')} {error['input']}: {error['msg']}") from None
     try:
         opponent, model = resolve_opponent(args.checkpoint, args.model)
     except ValueError as exc:
