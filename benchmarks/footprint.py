@@ -108,7 +108,7 @@ def run_mode(model_dir: str, run_dir: Path, steps: int, lora: bool, resume_state
     """`steps` learner steps of the loop with `resume_state` settings; step times and samples."""
     from unstable.algorithms import Reinforce
     from unstable.buffer import StepBuffer
-    from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
+    from unstable.learner import Learner, LearnerConfig, LoraConfig
     from unstable.pool import ModelPool
     from unstable.rewards import WinDrawLossFormatter
     from unstable.runtime.loop import LearnerLoop
@@ -125,7 +125,7 @@ def run_mode(model_dir: str, run_dir: Path, steps: int, lora: bool, resume_state
     pool.add_checkpoint(None, iteration=-1)
     tracker = Tracker(run_dir, cfg=TrackerConfig(tensorboard=False, wandb="disabled"))
     tracker.add_source(pool)
-    loop = LearnerLoop(Learner(PolicyModel(model_dir, cfg), Reinforce(), cfg), buffer, pool, tracker, str(run_dir))
+    loop = LearnerLoop(Learner.build(model_dir, Reinforce(), cfg), buffer, pool, tracker, str(run_dir))
     loop.initialize()
     first = sample(run_dir)
     times, on_path = [], 0.0

@@ -316,12 +316,13 @@ def update_flops(shape: ModelShape, steps: list, adapter_weights: int | None) ->
 
 def learner_part(cfg, model_dir: Path, sizes: Sizes, peak_tflops: float, lora: bool) -> dict:
     """MFU of the example's learner (LoRA, or with `lora` False every weight) on `synthetic_steps`."""
-    from unstable.learner import Learner, PolicyModel
+    from unstable.learner import Learner
     from unstable.tracking import keys
 
-    learner_cfg = cfg.learner if lora else cfg.learner.model_copy(update={"lora": None})
-    policy = PolicyModel(str(model_dir), learner_cfg, dtype=cfg.model.dtype)
-    learner = Learner(policy, learner_cfg.algorithm.build(), learner_cfg)
+    policy_cfg = cfg.learner.policy if lora else cfg.learner.policy.model_copy(update={"lora": None})
+    learner_cfg = cfg.learner.model_copy(update={"policy": policy_cfg})
+    learner = Learner.build(str(model_dir), learner_cfg.algorithm.build(), learner_cfg, dtype=cfg.model.dtype)
+    policy = learner.policy
     learner.initialize()
     shape = model_shape(model_dir)
     steps = synthetic_steps(shape.vocab, sizes)
@@ -337,7 +338,7 @@ def learner_part(cfg, model_dir: Path, sizes: Sizes, peak_tflops: float, lora: b
     mfu = flops / seconds / (peak_tflops * 1e12)
     print(f"  learner {'LoRA' if lora else 'full'}: {seconds:.2f} s per update, MFU {mfu:.2%}")
     return {
-        "lora_rank": learner_cfg.lora.lora_rank if lora else None,
+        "lora_rank": policy_cfg.lora.lora_rank if lora else None,
         "steps_per_update": len(steps),
         "tokens_per_update": sizes.learner_steps * (sizes.prompt_tokens + sizes.completion_tokens),
         "completion_tokens_per_step": sizes.completion_tokens,
@@ -345,7 +346,7 @@ def learner_part(cfg, model_dir: Path, sizes: Sizes, peak_tflops: float, lora: b
         "seconds_per_update": seconds,
         "mfu": mfu,
         "grad_norm": metrics[keys.GRAD_NORM],
-        "gradient_checkpointing": learner_cfg.gradient_checkpointing,
+        "gradient_checkpointing": policy_cfg.gradient_checkpointing,
         "peak_gpu_gb": peak_memory_gb(policy.device),
     }
 

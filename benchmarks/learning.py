@@ -52,7 +52,7 @@ SMOKE = [
     "warm_start.epochs=1",
     "learner.num_steps=2",
     "learner.batch_size=4",
-    "learner.warmup_steps=0",
+    "learner.optimizer.warmup_steps=0",
     "buffer.max_buffer_size=8",
     "collector.num_workers=2",
 ]
@@ -93,7 +93,7 @@ def recipe_config(path: Path, seed: int, args: argparse.Namespace) -> RunConfig:
 def policy(cfg: RunConfig, checkpoint: str | None) -> tuple[str, str | None]:
     """(model path, adapter) that load `checkpoint` of a run of `cfg`: a full model directory, or an adapter on the
     recipe's model (None: the model itself)."""
-    if cfg.learner.lora is None:
+    if cfg.learner.policy.lora is None:
         return checkpoint or cfg.model.path, None
     return cfg.model.path, checkpoint
 
@@ -118,7 +118,7 @@ def train_recipe(cfg: RunConfig) -> dict[str, Any]:
     summary = train(cfg, on_row=rows.append)
     steps = cfg.learner.num_steps
     first = summary.warm_start_checkpoint or (
-        cfg.model.path if cfg.learner.lora is None else cfg.learner.initial_lora_path
+        cfg.model.path if cfg.learner.policy.lora is None else cfg.learner.policy.initial_lora_path
     )
     kept = [k for k in range(1, steps + 1) if cfg.learner.retention.keeps(k, steps)]
     return {

@@ -62,8 +62,8 @@ def loop_overrides(args, workers: int, steps: int) -> list[str]:
         f"learner.batch_size={args.batch_size}",
         # the UnstableBaselines peer's setting (ub-peer-cpu.md): the random-weight model, LoRA, mirror self-play
         "warm_start=null",
-        "learner.lora={lora_rank: 16, lora_alpha: 32}",
-        "learner.learning_rate=1e-4",
+        "learner.policy.lora={lora_rank: 16, lora_alpha: 32}",
+        "learner.optimizer.learning_rate=1e-4",
         "learner.algorithm.args={}",
         "pool.sample_mode=mirror",
         "pool.fixed_opponents=[]",

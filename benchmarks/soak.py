@@ -34,7 +34,7 @@ from footprint import sample
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "tictactoe-tiny.yaml"
-KINDS = {"lora": ["learner.lora={lora_rank: 4, lora_alpha: 8}"], "full": ["learner.lora=null"]}
+KINDS = {"lora": ["learner.policy.lora={lora_rank: 4, lora_alpha: 8}"], "full": ["learner.policy.lora=null"]}
 MEASURES = ("disk_bytes", "state_bytes", "checkpoint_bytes", "rss_bytes", "row_bytes", "tables_bytes")
 
 

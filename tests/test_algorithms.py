@@ -17,7 +17,7 @@ from unstable.algorithms.trainable import PolicyOutput
 from unstable.algorithms.vtrace_awr import one_step_vtrace
 from unstable.buffer import StepBuffer
 from unstable.config import ConfigError, validate_config
-from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
+from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyConfig, PolicyModel
 from unstable.pool import ModelPool
 from unstable.records import Step
 from unstable.rl import TrainerConfig, awr_weights
@@ -227,7 +227,7 @@ def bandit(tiny_model_dir):
 def _learner(tiny_model_dir, algorithm, **kw):
     options = {"lora": LoraConfig(lora_rank=4), "learning_rate": 0.005, "micro_batch_tokens": 512, "num_threads": 1}
     cfg = LearnerConfig(**(options | kw))
-    learner = Learner(PolicyModel(tiny_model_dir, cfg), algorithm, cfg)
+    learner = Learner.build(tiny_model_dir, algorithm, cfg)
     torch.manual_seed(0)  # the LoRA initialisation
     learner.initialize()
     return learner
@@ -398,7 +398,7 @@ def test_learner_state_dict_restores_everything_it_owns(tiny_model_dir, bandit, 
     expected = learner.train_step(batch)
 
     torch.manual_seed(1)  # other LoRA and value-head initialisations: loading must overwrite them
-    fresh = Learner(PolicyModel(tiny_model_dir, learner.cfg), ALGORITHMS[name](), learner.cfg)
+    fresh = Learner.build(tiny_model_dir, ALGORITHMS[name](), learner.cfg)
     fresh.load_state_dict(state)
     assert fresh.step == 1
     restored = fresh.train_step(batch)  # the same update from the same state gives the same result
@@ -451,7 +451,7 @@ def test_algorithms_train_through_the_interface_not_the_learner():
 
 @pytest.mark.parametrize("chunk", [1, 4096])
 def test_policy_log_probs_equal_a_full_vocabulary_softmax_without_building_one(tiny_model_dir, bandit, chunk):
-    cfg = LearnerConfig(lora=LoraConfig(lora_rank=4, target_modules=["q_proj", "lm_head"]), logit_chunk_tokens=chunk)
+    cfg = PolicyConfig(lora=LoraConfig(lora_rank=4, target_modules=["q_proj", "lm_head"]), logit_chunk_tokens=chunk)
     policy = PolicyModel(tiny_model_dir, cfg)
     torch.manual_seed(0)
     policy.load()
@@ -475,7 +475,7 @@ def test_top_p_log_probs_renormalise_over_the_learners_own_nucleus_and_the_targe
     """Each row is scored under its own sampling settings: log p_T(t) - log of the mass of the current top-p
     nucleus plus t (greedy rows: temperature 1, no cut). A target outside the nucleus keeps a finite log-prob and
     gradient."""
-    cfg = LearnerConfig(lora=LoraConfig(lora_rank=4, target_modules=["q_proj", "lm_head"]), logit_chunk_tokens=chunk)
+    cfg = PolicyConfig(lora=LoraConfig(lora_rank=4, target_modules=["q_proj", "lm_head"]), logit_chunk_tokens=chunk)
     policy = PolicyModel(tiny_model_dir, cfg)
     torch.manual_seed(0)
     policy.load()
@@ -515,7 +515,7 @@ def test_packed_sequences_and_bf16_autocast_give_the_padded_float32_log_probs(ti
         "packed": {"pack_sequences": True},
         "bf16": {"autocast_dtype": "bfloat16"},
     }.items():
-        policy = PolicyModel(tiny_model_dir, LearnerConfig(lora=None, **options))
+        policy = PolicyModel(tiny_model_dir, PolicyConfig(lora=None, **options))
         policy.load()
         batch = collate(steps, policy.pad_id)
         with torch.no_grad():

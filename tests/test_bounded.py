@@ -16,7 +16,7 @@ from rich.console import Console
 from unstable.algorithms import Reinforce
 from unstable.buffer import StepBuffer
 from unstable.dashboard import panels
-from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
+from unstable.learner import Learner, LearnerConfig, LoraConfig
 from unstable.learner.config import ResumeStateConfig, RetentionConfig
 from unstable.pool import ModelPool
 from unstable.records import GameRecord, Step
@@ -57,7 +57,7 @@ def _loop(model_dir: str, run_dir: Path, num_steps: int) -> LearnerLoop:
     pool = ModelPool()
     pool.add_checkpoint(None, iteration=-1)
     tracker = Tracker(run_dir, cfg=TrackerConfig(tensorboard=False, wandb="disabled"))
-    return LearnerLoop(Learner(PolicyModel(model_dir, cfg), Reinforce(), cfg), buffer, pool, tracker, str(run_dir))
+    return LearnerLoop(Learner.build(model_dir, Reinforce(), cfg), buffer, pool, tracker, str(run_dir))
 
 
 def test_states_every_5_steps_keep_the_newest_2_and_the_checkpoints_their_pools_play(

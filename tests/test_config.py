@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from unstable.config import ConfigError, load_config, validate_config
 
@@ -104,11 +105,11 @@ def test_the_lora_rank_served_is_the_largest_the_run_declares(tmp_path):
         return str(tmp_path / name)
 
     assert load_config(EXAMPLE).served_lora_rank is None  # full fine-tuning against the random agent
-    assert load_config(EXAMPLE, ["learner.lora={lora_rank: 96}"]).served_lora_rank == 96
+    assert load_config(EXAMPLE, ["learner.policy.lora={lora_rank: 96}"]).served_lora_rank == 96
     opponent = adapter("opponent", r=8, rank_pattern={"q_proj": 200})  # a LoRA opponent with its own ranks
-    with_opponent = ["learner.lora={lora_rank: 96}", f"pool.fixed_opponents=[random, {opponent}]"]
+    with_opponent = ["learner.policy.lora={lora_rank: 96}", f"pool.fixed_opponents=[random, {opponent}]"]
     assert load_config(EXAMPLE, with_opponent).served_lora_rank == 200
-    start = ["learner.lora={lora_rank: 4}", f"learner.initial_lora_path={adapter('start', r=128)}"]
+    start = ["learner.policy.lora={lora_rank: 4}", f"learner.policy.initial_lora_path={adapter('start', r=128)}"]
     assert load_config(EXAMPLE, start).served_lora_rank == 128
 
 
@@ -284,4 +285,34 @@ def test_the_original_apis_learner_keywords_default_to_the_yaml_learners_values(
     assert learner_config_from_original_api() == LearnerConfig()
     full = learner_config_from_original_api(full_finetune=True, activation_checkpointing=True, batch_size=8)
     assert full == LearnerConfig(lora=None, gradient_checkpointing=True, batch_size=8)
-    assert learner_config_from_original_api(lora_cfg={"lora_rank": 4}).lora == LoraConfig(lora_rank=4)
+    assert learner_config_from_original_api(lora_cfg={"lora_rank": 4}).policy.lora == LoraConfig(lora_rank=4)
+
+
+def test_the_learner_is_split_by_owner_and_a_policy_loads_from_its_part_alone(tiny_model_dir):
+    """`learner.policy` (what loading and training the model needs) and `learner.optimizer` are their own sections:
+    evaluation and SFT load a model from `PolicyConfig` alone, without the loop's or the optimizer's settings."""
+    from unstable.learner import LearnerConfig, OptimizerConfig, PolicyConfig, PolicyModel
+
+    assert set(LearnerConfig.model_fields) & (set(PolicyConfig.model_fields) | set(OptimizerConfig.model_fields)) == set()
+    policy = PolicyModel(tiny_model_dir, PolicyConfig(lora=None))
+    policy.load()
+    assert policy.trainable_parameters() and policy.device == "cpu"
+
+
+def test_learner_fields_written_flat_go_to_their_section_as_a_config_from_before_the_split_has_them(tiny_model_dir):
+    """The original API's keywords and run configs written before the split name policy and optimizer fields flat
+    under `learner:`; they land in their section, and a field given both ways is one error naming it."""
+    from unstable.learner import LearnerConfig, OptimizerConfig, PolicyConfig
+
+    flat = LearnerConfig(learning_rate=0.1, lora=None, max_train_len=64, batch_size=8)
+    assert flat == LearnerConfig(
+        batch_size=8, optimizer=OptimizerConfig(learning_rate=0.1), policy=PolicyConfig(lora=None, max_train_len=64)
+    )
+    recorded = Path(__file__).parent / "fixtures" / "recorded_run" / "config.yaml"  # written with flat fields
+    old = yaml.safe_load(recorded.read_text())
+    assert "learning_rate" in old["learner"] and "lora" in old["learner"]
+    old["model"]["path"] = tiny_model_dir
+    cfg = validate_config(old, source=str(recorded))
+    assert cfg.learner.optimizer.learning_rate == old["learner"]["learning_rate"] and cfg.learner.policy.lora is None
+    with pytest.raises(ConfigError, match="learning_rate is given both as learner.learning_rate and learner.optimizer"):
+        validate_config(old | {"learner": old["learner"] | {"optimizer": {"learning_rate": 0.5}}}, source="mixed")

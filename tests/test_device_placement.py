@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 import unstable.inference.transformers_backend as transformers_backend
+from unstable.algorithms import Reinforce
 from unstable.inference import InferenceConfig, make_backend
-from unstable.learner import LearnerConfig, PolicyModel
+from unstable.learner import Learner, LearnerConfig
 
 
 def test_an_inference_actor_given_a_gpu_serves_on_cuda_within_its_memory_share(monkeypatch):
@@ -26,5 +27,5 @@ def test_an_inference_actor_given_a_gpu_serves_on_cuda_within_its_memory_share(m
 
 
 def test_a_learner_given_a_gpu_trains_on_cuda():
-    assert PolicyModel("model", LearnerConfig(num_gpus=0.5)).device == "cuda"
-    assert PolicyModel("model", LearnerConfig()).device == "cpu"
+    assert Learner.build("model", Reinforce(), LearnerConfig(num_gpus=0.5)).policy.device == "cuda"
+    assert Learner.build("model", Reinforce(), LearnerConfig()).policy.device == "cpu"

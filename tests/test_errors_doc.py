@@ -56,7 +56,7 @@ def _bad_override(tmp_path: Path) -> None:
 
 def _full_finetuning_from_an_adapter(tmp_path: Path) -> None:
     (tmp_path / "adapter").mkdir()
-    _with("learner.lora=null", f"learner.initial_lora_path={tmp_path / 'adapter'}")(tmp_path)
+    _with("learner.policy.lora=null", f"learner.policy.initial_lora_path={tmp_path / 'adapter'}")(tmp_path)
 
 
 def _resume_without_config(tmp_path: Path) -> None:
@@ -168,15 +168,15 @@ CASES = [
     ("a rating anchor that is no fixed opponent", _with("pool.rating_anchor=minimax"), "rating_anchor"),
     ("an unknown algorithm", _with("learner.algorithm.name=dpo"), "learner.algorithm.name"),
     ("algorithm args it does not take", _with("learner.algorithm.args={clip: 0.2}"), "learner.algorithm"),
-    ("LoRA rank 0", _with("learner.lora.lora_rank=0"), "learner.lora.lora_rank"),
-    ("LoRA dropout 1", _with("learner.lora.lora_dropout=1.0"), "learner.lora.lora_dropout"),
+    ("LoRA rank 0", _with("learner.policy.lora.lora_rank=0"), "learner.policy.lora.lora_rank"),
+    ("LoRA dropout 1", _with("learner.policy.lora.lora_dropout=1.0"), "learner.policy.lora.lora_dropout"),
     ("batch size 0", _with("learner.batch_size=0"), "learner.batch_size"),
-    ("a batch smaller than its mini-batch", _with("learner.batch_size=4", "learner.mini_batch_size=8"), "mini_batch"),
-    ("a negative learning rate", _with("learner.learning_rate=-0.1"), "learner.learning_rate"),
-    ("an unknown learning-rate schedule", _with("learner.lr_schedule=exponential"), "learner.lr_schedule"),
-    ("a missing initial adapter", _with("learner.initial_lora_path=/no/such/adapter"), "initial_lora_path"),
-    ("full fine-tuning with past opponents", _with("learner.lora=null", "pool.sample_mode=random"), "learner.lora"),
-    ("a negative NaN-skip limit", _with("learner.max_skipped_updates=-1"), "max_skipped_updates"),
+    ("a batch smaller than its mini-batch", _with("learner.batch_size=4", "learner.policy.mini_batch_size=8"), "mini"),
+    ("a negative learning rate", _with("learner.optimizer.learning_rate=-0.1"), "learner.optimizer.learning_rate"),
+    ("an unknown learning-rate schedule", _with("learner.optimizer.lr_schedule=exponential"), "lr_schedule"),
+    ("a missing initial adapter", _with("learner.policy.initial_lora_path=/no/such/adapter"), "initial_lora_path"),
+    ("full fine-tuning, past opponents", _with("learner.policy.lora=null", "pool.sample_mode=random"), "lora: null"),
+    ("a negative NaN-skip limit", _with("learner.optimizer.max_skipped_updates=-1"), "max_skipped_updates"),
     ("retention keeping no step", _with("learner.retention.keep_last=0"), "retention.keep_last"),
     ("an unknown inference backend", _with("inference.backend=tgi"), "inference.backend"),
     ("top_p 0", _with("inference.top_p=0"), "inference.top_p"),
@@ -199,7 +199,7 @@ CASES = [
     ("--resume with fewer steps than were done", _resume_below_the_saved_step, "learner.num_steps"),
     ("--resume of a run whose warm start was deleted", _resume_without_the_warm_start, "warm-start"),
     ("an initial adapter for full fine-tuning", _full_finetuning_from_an_adapter, "initial_lora_path"),
-    ("float16 autocast (no loss scaling)", _with("learner.autocast_dtype=float16"), "learner.autocast_dtype"),
+    ("float16 autocast (no loss scaling)", _with("learner.policy.autocast_dtype=float16"), "autocast_dtype"),
     ("a config path that is a directory", _config_path_is_a_directory, "config.yaml"),
     ("malformed YAML (an unclosed bracket)", _config_file("model: {path: m\ncollector: [\n"), "line 2, column 10"),
     ("a tab in the indentation", _config_file("model:\n\tpath: m\n"), "line 2, column 1"),

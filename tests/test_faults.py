@@ -173,7 +173,7 @@ def test_a_nan_loss_skips_its_step_and_too_many_in_a_row_stop_the_run(tiny_model
     assert all(torch.equal(before[k], v) for k, v in learner.policy.trainable_state().items())  # untouched
     assert learner.train_step(good)[keys.SKIPPED_UPDATES] == 0  # a good batch steps again and resets the streak
     assert learner.train_step(poisoned)[keys.SKIPPED_UPDATES_TOTAL] == 2
-    with pytest.raises(RuntimeError, match="learner.max_skipped_updates = 1"):
+    with pytest.raises(RuntimeError, match="learner.optimizer.max_skipped_updates = 1"):
         learner.train_step(poisoned)
 
 

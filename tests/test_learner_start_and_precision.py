@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from unstable.algorithms import Reinforce
 from unstable.algorithms.batching import collate
 from unstable.config import load_config
-from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
+from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyConfig, PolicyModel
 from unstable.runtime import resume, train
 from unstable.tracking import keys
 
@@ -28,7 +28,7 @@ LORA = LoraConfig(lora_rank=4, target_modules=["q_proj", "lm_head"])
 @pytest.fixture(scope="module")
 def initial_adapter(tiny_model_dir, tmp_path_factory) -> str:
     """A LoRA adapter far from the base model (random weights in both factors), as an SFT warm start leaves one."""
-    policy = PolicyModel(tiny_model_dir, LearnerConfig(lora=LORA))
+    policy = PolicyModel(tiny_model_dir, PolicyConfig(lora=LORA))
     torch.manual_seed(0)
     policy.load()
     with torch.no_grad():
@@ -39,7 +39,7 @@ def initial_adapter(tiny_model_dir, tmp_path_factory) -> str:
 
 def _warm_learner(tiny_model_dir, adapter: str) -> Learner:
     cfg = LearnerConfig(lora=LORA, initial_lora_path=adapter, learning_rate=0.01, num_threads=1)
-    learner = Learner(PolicyModel(tiny_model_dir, cfg), Reinforce(ref_kl_coef=0.1), cfg)
+    learner = Learner.build(tiny_model_dir, Reinforce(ref_kl_coef=0.1), cfg)
     learner.initialize()
     return learner
 
@@ -83,7 +83,7 @@ def test_a_restored_learner_keeps_the_initial_adapter_as_its_reference(tiny_mode
 
 def _bf16_learner(tiny_model_dir, lora: LoraConfig | None) -> Learner:
     cfg = LearnerConfig(lora=lora, learning_rate=1e-5, num_threads=1)
-    learner = Learner(PolicyModel(tiny_model_dir, cfg, dtype="bfloat16"), Reinforce(), cfg)
+    learner = Learner.build(tiny_model_dir, Reinforce(), cfg, dtype="bfloat16")
     torch.manual_seed(0)
     learner.initialize()
     return learner
@@ -130,7 +130,7 @@ def test_a_lora_warm_start_with_a_kl_penalty_starts_at_zero_kl(tiny_model_dir, t
         "warm_start.games=2",
         "warm_start.epochs=1",
         "warm_start.learning_rate=0.01",  # a few SFT updates that move the adapter well away from the base
-        "learner.lora={lora_rank: 4, target_modules: [q_proj, v_proj, lm_head]}",
+        "learner.policy.lora={lora_rank: 4, target_modules: [q_proj, v_proj, lm_head]}",
         "learner.algorithm.args.ref_kl_coef=0.1",
     )
     rows = []
@@ -148,8 +148,8 @@ def test_bf16_full_finetuning_through_the_loop_updates_float32_masters(tiny_mode
         "bf16-full",
         "warm_start=null",
         "model.dtype=bfloat16",
-        "learner.lora=null",
-        "learner.learning_rate=1e-5",
+        "learner.policy.lora=null",
+        "learner.optimizer.learning_rate=1e-5",
     )
     train(load_config(EXAMPLE, overrides))
     run_dir = tmp_path / "bf16-full"

@@ -13,7 +13,7 @@ from unstable.buffer import StepBuffer
 from unstable.games import get_template, play_episode
 from unstable.inference import InferenceConfig, InferenceServer, SamplingConfig
 from unstable.inference.transformers_backend import TransformersBackend
-from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
+from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyConfig, PolicyModel
 from unstable.pool import ModelPool
 from unstable.records import Checkpoint, EnvSpec, GenerationRequest
 from unstable.rewards import WinDrawLossFormatter
@@ -79,7 +79,7 @@ def _loop(model_dir, buffer, pool, run_dir, algorithm, **learner_settings):
     tracker = Tracker(run_dir)
     tracker.add_source(buffer)
     tracker.add_source(pool)
-    return LearnerLoop(Learner(PolicyModel(model_dir, cfg), algorithm, cfg), buffer, pool, tracker, str(run_dir))
+    return LearnerLoop(Learner.build(model_dir, algorithm, cfg), buffer, pool, tracker, str(run_dir))
 
 
 def _greedy(server_backend, checkpoint):
@@ -243,7 +243,7 @@ def test_the_learner_scores_steps_under_the_distribution_they_were_sampled_from(
     agent = PolicyAgent(OneAtATime(backend), Checkpoint("ckpt--1"), get_template("qwen3-zs"))
     record = play_episode(TICTACTOE, {0: agent, 1: RandomAgent(0)}, seed=1, learner_player_ids=(0,))
     steps = [s for s in record.steps if s.has_tokens]
-    policy = PolicyModel(tiny_model_dir, LearnerConfig(num_threads=None))  # LoRA starts as the base model
+    policy = PolicyModel(tiny_model_dir, PolicyConfig())  # LoRA starts as the base model
     policy.load()
     assert_scored_as_sampled(policy, steps)
     assert {(s.temperature, s.top_p) for s in steps} == {(0.7, 0.5)}
@@ -259,7 +259,7 @@ def test_a_learner_built_from_the_seed_keywords_scores_steps_at_their_sampling_t
     record = play_episode(TICTACTOE, {0: agent, 1: RandomAgent(0)}, seed=2, learner_player_ids=(0,))
     steps = [s for s in record.steps if s.has_tokens]
     cfg = learner_config_from_original_api(batch_size=len(steps), learning_rate=1e-3, lora_cfg={"lora_rank": 4})
-    learner = Learner(PolicyModel(tiny_model_dir, cfg), Reinforce(), cfg)
+    learner = Learner.build(tiny_model_dir, Reinforce(), cfg)
     learner.initialize()
     metrics = learner.train_step(steps)
     assert metrics[keys.RATIO_MEAN] == pytest.approx(1.0, abs=1e-4)

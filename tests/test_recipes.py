@@ -20,7 +20,7 @@ import learning  # noqa: E402
 def test_every_recipe_the_benchmark_runs_validates_and_names_a_game_it_evaluates(path):
     cfg = load_config(path)
     assert learning.game_of(cfg, path) in learning.OPPONENTS
-    assert cfg.warm_start is not None and cfg.learner.lora is None  # the tiny model: full fine-tuning from SFT
+    assert cfg.warm_start is not None and cfg.learner.policy.lora is None  # the tiny model: full fine-tuning from SFT
 
 
 def _measured(name: str) -> dict:
@@ -31,16 +31,16 @@ def _warm_and_rl(cfg) -> dict:
     """The settings a learning.json of the benchmark's own-settings days recorded, as the recipe holds them."""
     learner, ws, inference = cfg.learner, cfg.warm_start, cfg.inference
     return {
-        "finetune": "full" if learner.lora is None else "lora",
+        "finetune": "full" if learner.policy.lora is None else "lora",
         "sft_games": ws.games,
         "sft_epochs": ws.epochs,
         "sft_batch_size": ws.batch_size,
         "sft_lr": ws.learning_rate,
         "rl_steps": learner.num_steps,
         "rl_batch_size": learner.batch_size,
-        "rl_lr": learner.learning_rate,
-        "rl_lr_schedule": learner.lr_schedule,
-        "rl_min_lr_ratio": learner.min_lr_ratio,
+        "rl_lr": learner.optimizer.learning_rate,
+        "rl_lr_schedule": learner.optimizer.lr_schedule,
+        "rl_min_lr_ratio": learner.optimizer.min_lr_ratio,
         "rl_workers": cfg.collector.num_workers,
         "temperature": inference.temperature,
         "max_new_tokens": inference.max_new_tokens,
@@ -53,7 +53,7 @@ def test_the_demo_recipe_is_the_one_measured_across_seeds():
     cfg = load_config(ROOT / "examples" / "tictactoe-tiny.yaml")
     measured = _measured("recipe-cosine")
     assert {k: measured[k] for k in _warm_and_rl(cfg)} == _warm_and_rl(cfg)
-    assert cfg.warm_start.agents == ["random", "random"] and cfg.learner.warmup_steps == 0
+    assert cfg.warm_start.agents == ["random", "random"] and cfg.learner.optimizer.warmup_steps == 0
     assert (cfg.pool.sample_mode, cfg.pool.fixed_opponents) == ("random", [measured["train_opponent"]])
     assert cfg.buffer.max_buffer_size == 2 * measured["rl_batch_size"]
     assert [t.name for t in cfg.buffer.sampling_reward_transforms] == ["NormalizeRewardsByEnv"]
@@ -66,7 +66,7 @@ def test_the_benchmark_recipes_are_the_ones_measured_from_a_fresh_clone():
     ttt = load_config(ROOT / "examples" / "tictactoe-tiny-strong.yaml")
     assert {k: measured[k] for k in _warm_and_rl(ttt)} == _warm_and_rl(ttt)
     assert ttt.warm_start.agents == [measured["sft_agent"]] * 2
-    assert ttt.learner.warmup_steps == measured["rl_warmup_steps"] and ttt.learner.algorithm.args == {}
+    assert ttt.learner.optimizer.warmup_steps == measured["rl_warmup_steps"] and ttt.learner.algorithm.args == {}
     assert ttt.pool.sample_mode == "fixed" and ttt.pool.fixed_opponents == measured["train_opponent"].split(",")
     assert ttt.buffer.max_buffer_size == 2 * measured["rl_batch_size"]
     assert [t.name for t in ttt.buffer.sampling_reward_transforms] == ["NormalizeRewardsByOpponent"]
@@ -77,7 +77,7 @@ def test_the_benchmark_recipes_are_the_ones_measured_from_a_fresh_clone():
         measured["kuhn_rl_steps"],
         measured["kuhn_rl_batch_size"],
     )
-    assert (kuhn.learner.learning_rate, kuhn.learner.warmup_steps) == (measured["kuhn_rl_lr"], 0)
+    assert (kuhn.learner.optimizer.learning_rate, kuhn.learner.optimizer.warmup_steps) == (measured["kuhn_rl_lr"], 0)
     assert kuhn.pool.sample_mode == measured["kuhn_train_opponent"] == "mirror"
     assert kuhn.buffer.max_buffer_size == 2 * measured["kuhn_rl_batch_size"]
     assert [t.name for t in kuhn.buffer.sampling_reward_transforms] == ["NormalizeRewardsByEnv"]

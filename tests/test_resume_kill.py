@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from unstable.buffer import StepBuffer
 from unstable.collector.collector import RECORDS_ENV
 from unstable.config import load_config
-from unstable.learner import Learner, PolicyModel
+from unstable.learner import Learner
 from unstable.pool import ModelPool
 from unstable.runtime import resume
 from unstable.runtime.loop import LearnerLoop
@@ -42,7 +42,7 @@ def _overrides(tmp_path, model_dir) -> list[str]:
         "learner.num_steps=4",
         "warm_start.games=8",  # a warm start of a few updates, to be killed in
         "warm_start.batch_size=8",
-        "learner.lora={lora_rank: 4, lora_alpha: 8}",  # adapter checkpoints, as the weight check reads them
+        "learner.policy.lora={lora_rank: 4, lora_alpha: 8}",  # adapter checkpoints, as the weight check reads them
         "learner.resume_state.every_steps=1",  # a state per step, so each kill has one just behind it
     )
 
@@ -101,7 +101,7 @@ def _warm_start_checkpoint(run_dir: Path) -> str:
 
 def _restored_adapter(cfg, model_dir: str, run_dir: Path) -> dict[str, torch.Tensor]:
     """The weights a learner holds after `LearnerLoop.restore` of the latest state, as the adapter file names them."""
-    learner = Learner(PolicyModel(model_dir, cfg.learner), cfg.learner.algorithm.build(), cfg.learner)
+    learner = Learner.build(model_dir, cfg.learner.algorithm.build(), cfg.learner)
     loop = LearnerLoop(
         learner, StepBuffer(8, **cfg.buffer.transform_stages()), ModelPool(cfg.pool), Tracker(run_dir / "x"), run_dir
     )

@@ -183,6 +183,6 @@ def test_run_config_warm_start_trains_first_and_rl_starts_from_its_checkpoint(ti
     if lora is None:  # full fine-tuning: RL's base model is the warm start
         assert started.model.path == str(checkpoint) and (checkpoint / "config.json").exists()
     else:  # LoRA: RL's first adapter is the warm start's, on the same base
-        assert started.model.path == tiny_model_dir and started.learner.initial_lora_path == str(checkpoint)
+        assert started.model.path == tiny_model_dir and started.learner.policy.initial_lora_path == str(checkpoint)
         assert (checkpoint / "adapter_config.json").exists()
-    assert cfg.model.path == tiny_model_dir and cfg.learner.initial_lora_path is None  # the input is not edited
+    assert cfg.model.path == tiny_model_dir and cfg.learner.policy.initial_lora_path is None  # the input is not edited

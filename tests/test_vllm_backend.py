@@ -17,7 +17,7 @@ from unstable.collector import Collector
 from unstable.collector.config import CollectorConfig
 from unstable.games import get_template, play_episode
 from unstable.inference import InferenceConfig, InferenceServer, SamplingConfig, make_backend
-from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
+from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyConfig, PolicyModel
 from unstable.pool import ModelPool
 from unstable.records import Checkpoint, EnvSpec, GenerationRequest
 from unstable.rewards import WinDrawLossFormatter
@@ -152,7 +152,7 @@ def test_the_learner_scores_vllm_steps_under_the_distribution_they_were_sampled_
         record = play_episode(TICTACTOE, {0: agent, 1: RandomAgent(0)}, seed=1, learner_player_ids=(0,))
     steps = [s for s in record.steps if s.has_tokens]
     assert steps
-    policy = PolicyModel(tiny_model_dir, LearnerConfig(num_threads=None))  # LoRA starts as the base model
+    policy = PolicyModel(tiny_model_dir, PolicyConfig())  # LoRA starts as the base model
     policy.load()
     assert_scored_as_sampled(policy, steps)
     assert {(s.temperature, s.top_p) for s in steps} == {(0.7, 0.5)}
@@ -234,7 +234,7 @@ def test_new_checkpoint_is_hot_swapped_into_a_running_collection(engine, tiny_mo
     tracker = Tracker(tmp_path)
     collector = Collector(server, pool, buffer, tracker, CollectorConfig(training_envs=[TICTACTOE], max_turns=6))
     cfg = LearnerConfig(batch_size=4, micro_batch_tokens=256, learning_rate=0.05, lora=LoraConfig(lora_rank=4))
-    learner = Learner(PolicyModel(tiny_model_dir, cfg), Reinforce(max_generation_len=MAX_NEW_TOKENS), cfg)
+    learner = Learner.build(tiny_model_dir, Reinforce(max_generation_len=MAX_NEW_TOKENS), cfg)
     loop = LearnerLoop(learner, buffer, pool, tracker, str(tmp_path))
     with ThreadPoolExecutor(1) as games:
         collecting = games.submit(collector.collect, 4)
@@ -349,7 +349,7 @@ def test_two_learner_steps_through_ray_with_vllm(tiny_model_dir, tmp_path):
         "inference.backend=vllm", "inference.max_model_len=1024", "inference.num_actors=2",
         "evaluation.games_at_start=2", "evaluation.games_at_end=2",
         "run.num_cpus=4",  # each inference actor and the learner reserve one Ray CPU
-        "warm_start=null", f"learner.lora={{lora_rank: {HIGH_RANK}, lora_alpha: 32}}",  # adapters, hot-swapped
+        "warm_start=null", f"learner.policy.lora={{lora_rank: {HIGH_RANK}, lora_alpha: 32}}",  # adapters, hot-swapped
         "inference.top_p=0.5",  # the learner scores each token under the nucleus it was sampled from
     )  # fmt: skip
     rows = []
@@ -370,10 +370,11 @@ def test_full_finetuning_through_ray_with_vllm(tiny_model_dir, tmp_path, monkeyp
     overrides = tiny_run(
         tmp_path, tiny_model_dir, "vllm-full",
         "learner.num_steps=2", "learner.batch_size=8",
-        "learner.learning_rate=0.05", "learner.lr_schedule=constant", "buffer.sampling_reward_transforms=[]",
+        "learner.optimizer.learning_rate=0.05", "learner.optimizer.lr_schedule=constant",
+        "buffer.sampling_reward_transforms=[]",
         "collector.num_workers=4", "inference.max_new_tokens=8", "inference.backend=vllm",
         "inference.max_model_len=1024", "evaluation.games_at_start=2", "evaluation.games_at_end=2", "run.num_cpus=3",
-        "warm_start=null",  # the example fine-tunes every weight (learner.lora: null), one checkpoint in play
+        "warm_start=null",  # the example fine-tunes every weight (learner.policy.lora: null), one checkpoint in play
     )  # fmt: skip
     rows = []
     summary = train(load_config(EXAMPLE, overrides), on_row=rows.append)

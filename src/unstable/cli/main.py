@@ -314,7 +314,7 @@ def _flags_named(flags: dict[str, str]):
 def cmd_sft(args: argparse.Namespace) -> int:
     """`unstable sft`: warm-start a model on the moves of scripted agents (`learner.sft.warm_start`, as
     `unstable train`'s `warm_start:` does); prints the checkpoint path."""
-    from unstable.learner import LoraConfig, WarmStartConfig
+    from unstable.learner import LoraConfig, PolicyConfig, WarmStartConfig
     from unstable.learner.sft import warm_start
 
     check_makeable("--out-dir", args.out_dir)
@@ -336,7 +336,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
             model,
             spec,
             ws,
-            lora=None if args.full_finetune else lora,
+            policy=PolicyConfig(lora=None if args.full_finetune else lora),
             out_dir=args.out_dir,
             seed=args.seed,
             num_threads=args.threads,

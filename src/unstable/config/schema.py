@@ -131,9 +131,9 @@ class RunConfig(Settings):
 
         opponents = [parse_opponent(name) for name in self.pool.fixed_opponents + self.collector.evaluation_opponents]
         adapters = [o.checkpoint.path for o in opponents if o.checkpoint is not None]
-        lora = self.learner.lora
-        if lora is not None and self.learner.initial_lora_path:
-            adapters.append(self.learner.initial_lora_path)
+        lora, start = self.learner.policy.lora, self.learner.policy.initial_lora_path
+        if lora is not None and start:
+            adapters.append(start)
         ranks = [adapter_rank(path) for path in adapters] + ([lora.lora_rank] if lora is not None else [])
         return max(ranks, default=None)
 
@@ -150,11 +150,15 @@ class RunConfig(Settings):
     @model_validator(mode="after")
     def _past_checkpoints_need_adapters(self) -> RunConfig:
         pool = self.pool
-        if self.learner.lora is None and pool.sample_mode not in ("mirror", "fixed") and pool.max_active_lora > 1:
+        if (
+            self.learner.policy.lora is None
+            and pool.sample_mode not in ("mirror", "fixed")
+            and pool.max_active_lora > 1
+        ):
             raise ValueError(
                 f"pool.sample_mode {pool.sample_mode!r} with max_active_lora {pool.max_active_lora} plays past "
-                "checkpoints, but full fine-tuning (learner.lora: null) serves only the newest one: use LoRA, or "
-                "pool.max_active_lora: 1"
+                "checkpoints, but full fine-tuning (learner.policy.lora: null) serves only the newest one: use LoRA, "
+                "or pool.max_active_lora: 1"
             )
         return self
 

@@ -27,7 +27,7 @@ from unstable.games.episode import DEFAULT_MAX_TURNS, play_episode
 from unstable.games.kuhn import KuhnInfoSet, aggressive_probability, exploitability, kuhn_information_sets
 from unstable.games.templates import get_template
 from unstable.inference import InferenceConfig, InferenceServer, make_backend
-from unstable.learner import LearnerConfig, LoraConfig, PolicyModel
+from unstable.learner import LoraConfig, PolicyConfig, PolicyModel
 from unstable.records import Checkpoint, EnvSpec, GameRecord, Opponent, Step
 from unstable.tracking.stats import wdl_summary
 
@@ -92,8 +92,7 @@ def summarize_matches(records: list[GameRecord]) -> dict[str, Any]:
 def scoring_policy(model_path: str, adapter: str | None = None) -> PolicyModel:
     """The model (plus LoRA `adapter`) loaded for scoring, in eval mode; it scores each step at the step's
     temperature and top_p."""
-    cfg = LearnerConfig(lora=LoraConfig() if adapter else None, initial_lora_path=adapter, num_threads=None)
-    policy = PolicyModel(model_path, cfg)
+    policy = PolicyModel(model_path, PolicyConfig(lora=LoraConfig() if adapter else None, initial_lora_path=adapter))
     policy.load()
     policy.model.eval()
     return policy

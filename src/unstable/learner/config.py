@@ -93,7 +93,7 @@ class ResumeStateConfig(Settings):
 class WarmStartConfig(Settings):
     """Supervised warm start before RL: imitate scripted agents' moves in the first training env
     (`collector.demonstrations.generate_sft_steps` + `learner.sft.run_sft`, the learner's LoRA shape or, with
-    `learner.lora: null`, every weight); RL then starts from the resulting checkpoint."""
+    `learner.policy.lora: null`, every weight); RL then starts from the resulting checkpoint."""
 
     agents: list[str] = Field(["random", "random"], description="scripted agent per seat, rotated each game")
     games: int = Field(
@@ -116,29 +116,20 @@ class WarmStartConfig(Settings):
         return value
 
 
-class LearnerConfig(Settings):
-    """Batching, optimisation and the trained weights; `lora: null` fine-tunes every weight."""
+class PolicyConfig(Settings):
+    """What loading, scoring and training the policy model needs; evaluation and SFT read only this part.
 
-    num_steps: int = Field(10, ge=1, description="learner updates in a run")
-    batch_size: int = Field(32, ge=1, description="steps per update")
-    mini_batch_size: int | None = Field(None, ge=1, description="most rows in one micro-batch (None: no limit)")
-    micro_batch_tokens: int = Field(8192, ge=1, description="padded tokens per micro-batch")
-    learning_rate: float = Field(1e-5, gt=0.0, description="AdamW's peak learning rate")
-    lr_schedule: str = Field(
-        "constant", description="learning-rate schedule over num_steps (learner.schedule.LR_SCHEDULES)"
-    )
-    warmup_steps: int = Field(0, ge=0, description="updates of linear warm-up before the schedule")
-    min_lr_ratio: float = Field(
-        0.0, ge=0.0, le=1.0, description="the decaying schedules end at this share of learning_rate"
-    )
-    grad_clip: float = Field(1.0, gt=0.0, description="clip_grad_norm_ threshold")
-    max_train_len: int | None = Field(None, ge=2, description="train on the first tokens of longer sequences")
-    logit_chunk_tokens: int = Field(
-        4096, ge=1, description="completion tokens whose vocabulary logits are materialised at once"
-    )
+    The trained model's shape (`lora: null` trains every weight) and how its forward and backward passes run."""
+
     lora: LoraConfig | None = Field(LoraConfig(), description="train a LoRA adapter (null: every weight)")
     initial_lora_path: str | None = Field(
         None, description="start from this LoRA adapter, also the KL reference (a full model is `model.path`)"
+    )
+    micro_batch_tokens: int = Field(8192, ge=1, description="padded tokens per micro-batch")
+    mini_batch_size: int | None = Field(None, ge=1, description="most rows in one micro-batch (None: no limit)")
+    max_train_len: int | None = Field(None, ge=2, description="train on the first tokens of longer sequences")
+    logit_chunk_tokens: int = Field(
+        4096, ge=1, description="completion tokens whose vocabulary logits are materialised at once"
     )
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass (less memory)")
     autocast_dtype: Literal["bfloat16"] | None = Field(
@@ -151,27 +142,6 @@ class LearnerConfig(Settings):
         description="run the decoder on each micro-batch's real tokens packed into one row, no padding (position "
         "ids restart per sequence); pays with a varlen attention kernel (flash_attention_2 on GPU)",
     )
-    num_threads: int | None = Field(
-        1, ge=1, le=MAX_THREADS, description="torch threads of the learner process (None: torch's choice)"
-    )
-    num_gpus: float = Field(0.0, ge=0.0, description="GPUs of the learner actor; > 0 puts the model on cuda")
-    max_staleness: int | None = Field(
-        None, ge=0, description="drop samples from policies more than this many updates old (None: keep all)"
-    )
-    max_skipped_updates: int = Field(
-        3, ge=0, description="optimizer steps in a row skipped for a non-finite gradient before the run stops"
-    )
-    retention: RetentionConfig = RetentionConfig()
-    resume_state: ResumeStateConfig = ResumeStateConfig()
-    poll_interval_s: float = Field(0.05, gt=0.0, description="how often the loop asks the buffer for a batch")
-    algorithm: AlgorithmConfig = AlgorithmConfig()
-
-    @field_validator("lr_schedule")
-    @classmethod
-    def _known_schedule(cls, value: str) -> str:
-        from unstable.learner.schedule import LR_SCHEDULES
-
-        return check_registered(value, LR_SCHEDULES, "lr_schedule")
 
     @field_validator("initial_lora_path")
     @classmethod
@@ -181,20 +151,84 @@ class LearnerConfig(Settings):
         return value
 
     @model_validator(mode="after")
-    def _initial_adapter_needs_lora(self) -> LearnerConfig:
+    def _initial_adapter_needs_lora(self) -> PolicyConfig:
         if self.initial_lora_path is not None and self.lora is None:
             raise ValueError(
                 f"initial_lora_path {self.initial_lora_path!r} with lora: null: full fine-tuning trains no adapter; "
                 "start it from a full model with model.path (merge the adapter into its base model first), or set "
-                "learner.lora to train the adapter"
+                "learner.policy.lora to train the adapter"
             )
         return self
 
+    @property
+    def checkpoint_kind(self) -> str:
+        """'lora' for adapter checkpoints, 'full' for whole models."""
+        return "lora" if self.lora is not None else "full"
+
+
+class OptimizerConfig(Settings):
+    """AdamW's learning rate and its schedule, the gradient clip, and how many non-finite updates are skipped."""
+
+    learning_rate: float = Field(1e-5, gt=0.0, description="AdamW's peak learning rate")
+    lr_schedule: str = Field(
+        "constant", description="learning-rate schedule over num_steps (learner.schedule.LR_SCHEDULES)"
+    )
+    warmup_steps: int = Field(0, ge=0, description="updates of linear warm-up before the schedule")
+    min_lr_ratio: float = Field(
+        0.0, ge=0.0, le=1.0, description="the decaying schedules end at this share of learning_rate"
+    )
+    grad_clip: float = Field(1.0, gt=0.0, description="clip_grad_norm_ threshold")
+    max_skipped_updates: int = Field(
+        3, ge=0, description="optimizer steps in a row skipped for a non-finite gradient before the run stops"
+    )
+
+    @field_validator("lr_schedule")
+    @classmethod
+    def _known_schedule(cls, value: str) -> str:
+        from unstable.learner.schedule import LR_SCHEDULES
+
+        return check_registered(value, LR_SCHEDULES, "lr_schedule")
+
+
+# The sections of `learner:` whose fields may also be written flat under `learner:` (the original API's
+# StandardLearner keywords, and run configs written before the split): `learner.learning_rate` is
+# `learner.optimizer.learning_rate`.
+NESTED_SECTIONS = {"policy": PolicyConfig, "optimizer": OptimizerConfig}
+
+
+class LearnerConfig(Settings):
+    """The learning loop (steps, batch, staleness, kept files, algorithm), its `policy` and its `optimizer`.
+
+    A field of `policy` or `optimizer` written flat under `learner:` (the original API's keywords, a run config
+    from before the split) is moved into its section (`nest_flat_fields`)."""
+
+    num_steps: int = Field(10, ge=1, description="learner updates in a run")
+    batch_size: int = Field(32, ge=1, description="steps per update")
+    max_staleness: int | None = Field(
+        None, ge=0, description="drop samples from policies more than this many updates old (None: keep all)"
+    )
+    num_threads: int | None = Field(
+        1, ge=1, le=MAX_THREADS, description="torch threads of the learner process (None: torch's choice)"
+    )
+    num_gpus: float = Field(0.0, ge=0.0, description="GPUs of the learner actor; > 0 puts the model on cuda")
+    poll_interval_s: float = Field(0.05, gt=0.0, description="how often the loop asks the buffer for a batch")
+    policy: PolicyConfig = PolicyConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    retention: RetentionConfig = RetentionConfig()
+    resume_state: ResumeStateConfig = ResumeStateConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_flat_fields(cls, data: Any) -> Any:
+        return nest_flat_fields(data) if isinstance(data, dict) else data
+
     @model_validator(mode="after")
     def _mini_batch_fits(self) -> LearnerConfig:
-        if self.mini_batch_size is not None and self.mini_batch_size > self.batch_size:
+        size = self.policy.mini_batch_size
+        if size is not None and size > self.batch_size:
             raise ValueError(
-                f"mini_batch_size {self.mini_batch_size} is larger than batch_size {self.batch_size}: "
+                f"policy.mini_batch_size {size} is larger than batch_size {self.batch_size}: "
                 "a mini-batch is a part of a batch"
             )
         return self
@@ -207,4 +241,21 @@ class LearnerConfig(Settings):
     @property
     def checkpoint_kind(self) -> str:
         """'lora' for adapter checkpoints, 'full' for whole models."""
-        return "lora" if self.lora is not None else "full"
+        return self.policy.checkpoint_kind
+
+
+def nest_flat_fields(settings: dict[str, Any]) -> dict[str, Any]:
+    """`settings` with each field of a `NESTED_SECTIONS` section written flat moved into its section; a field
+    given both ways is an error naming both."""
+    nested = dict(settings)
+    for section, model in NESTED_SECTIONS.items():
+        flat = {name: nested.pop(name) for name in model.model_fields if name in nested}
+        if not flat:
+            continue
+        inner = nested.get(section, {})
+        inner = inner.model_dump(exclude_unset=True) if isinstance(inner, Settings) else dict(inner or {})
+        both = sorted(set(flat) & set(inner))
+        if both:
+            raise ValueError(f"{both[0]} is given both as learner.{both[0]} and learner.{section}.{both[0]}")
+        nested[section] = inner | flat
+    return nested

@@ -41,12 +41,19 @@ class Learner:
         self._ratios = _RatioStats()
         self.skipped = {"update": 0, "in_a_row": 0, "total": 0}
 
+    @classmethod
+    def build(cls, model_path: str, algorithm: BaseAlgo, cfg: LearnerConfig, *, dtype: str = "float32") -> Learner:
+        """A Learner of `model_path` (weights in `dtype`) shaped by `cfg.policy`, on `cfg.device` with
+        `cfg.num_threads` torch threads."""
+        policy = PolicyModel(model_path, cfg.policy, dtype=dtype, device=cfg.device, num_threads=cfg.num_threads)
+        return cls(policy, algorithm, cfg)
+
     def initialize(self) -> None:
         """Load the model, build the optimizer, let the algorithm add its parameters. Idempotent."""
         if self.optimizer is not None:
             return
         self.policy.load()
-        rate = self.cfg.learning_rate  # "base_lr": the rate `lr_schedule` scales (see _schedule_learning_rate)
+        rate = self.cfg.optimizer.learning_rate  # "base_lr": the rate the schedule scales (_schedule_learning_rate)
         self.optimizer = torch.optim.AdamW([{"params": self.policy.trainable_parameters(), "base_lr": rate}], lr=rate)
         self.algorithm.initialize(self)
 
@@ -85,17 +92,17 @@ class Learner:
 
     def add_parameters(self, params: Iterable[torch.nn.Parameter], lr: float | None = None) -> None:
         """Train extra parameters (a value head) with the same optimizer, at `lr` if given."""
-        group = {"params": list(params), "base_lr": self.cfg.learning_rate if lr is None else lr}
+        group = {"params": list(params), "base_lr": self.cfg.optimizer.learning_rate if lr is None else lr}
         self.optimizer.add_param_group(group | {"lr": group["base_lr"]})
 
     def optimizer_step(self) -> float:
         """Clip, step and zero the gradients; returns the pre-clip gradient norm.
 
         A non-finite gradient (a NaN or inf loss) is dropped without stepping, counted and logged; more than
-        `cfg.max_skipped_updates` such steps in a row stop the run, since the weights will not recover.
+        `cfg.optimizer.max_skipped_updates` such steps in a row stop the run, since the weights will not recover.
         """
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.optimizer.grad_clip)
         if torch.isfinite(grad_norm):
             self.optimizer.step()
             self.skipped["in_a_row"] = 0
@@ -108,10 +115,10 @@ class Learner:
         for counter in self.skipped:
             self.skipped[counter] += 1
         log.warning("update %d: gradient norm %s, optimizer step skipped", self.step + 1, grad_norm)
-        if self.skipped["in_a_row"] > self.cfg.max_skipped_updates:
+        if self.skipped["in_a_row"] > self.cfg.optimizer.max_skipped_updates:
             raise RuntimeError(
                 f"{self.skipped['in_a_row']} optimizer steps in a row had a non-finite gradient "
-                f"(learner.max_skipped_updates = {self.cfg.max_skipped_updates})"
+                f"(learner.optimizer.max_skipped_updates = {self.cfg.optimizer.max_skipped_updates})"
             )
 
     # ---- updates -------------------------------------------------------------------------------------------
@@ -153,9 +160,10 @@ class Learner:
         }
 
     def _schedule_learning_rate(self) -> float:
-        """Set every parameter group's rate for this update from `cfg.lr_schedule`; returns the policy's rate."""
-        cfg = self.cfg
-        factor = lr_factor(self.step, cfg.num_steps, cfg.lr_schedule, cfg.warmup_steps, cfg.min_lr_ratio)
+        """Set every parameter group's rate for this update from `cfg.optimizer.lr_schedule`; returns the policy's
+        rate."""
+        opt = self.cfg.optimizer
+        factor = lr_factor(self.step, self.cfg.num_steps, opt.lr_schedule, opt.warmup_steps, opt.min_lr_ratio)
         for group in self.optimizer.param_groups:
             group["lr"] = group["base_lr"] * factor
         return self.optimizer.param_groups[0]["lr"]

@@ -22,7 +22,7 @@ from unstable import atomic
 from unstable.algorithms.batching import TokenBatch, decision_positions, micro_batches
 from unstable.algorithms.trainable import PolicyOutput
 from unstable.inference.decoding import top_p_nucleus
-from unstable.learner.config import LearnerConfig
+from unstable.learner.config import PolicyConfig
 from unstable.records import Step
 
 # A chunk's top-p nuclei are sorted in this many parts: the probabilities, the sort's values and int64 indices and
@@ -31,18 +31,28 @@ NUCLEUS_SORT_PARTS = 8
 
 
 class PolicyModel:
-    """`model_path` with LoRA (`cfg.lora`) or fully trainable (`cfg.lora is None`), on `cfg.device`.
+    """`model_path` with LoRA (`cfg.lora`) or fully trainable (`cfg.lora is None`), on `device`; `load` sets torch
+    to `num_threads` threads (None: torch's choice).
 
     Each row is scored under the sampling settings its step carries (`TokenBatch.temperature`, `.top_p`), so
     `forward`'s log-probs and the recorded behaviour log-probs come from the same distribution. Nothing heavy
     happens before `load()`.
     """
 
-    def __init__(self, model_path: str, cfg: LearnerConfig, *, dtype: str = "float32"):
+    def __init__(
+        self,
+        model_path: str,
+        cfg: PolicyConfig,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        num_threads: int | None = None,
+    ):
         self.model_path = model_path
         self.cfg = cfg
         self.dtype = dtype
-        self.device = cfg.device
+        self.device = device
+        self.num_threads = num_threads
         self.model = None
         self.tokenizer = None
         self._reference = None  # frozen copy of `model_path` for `reference_logprobs` (full fine-tuning only)
@@ -54,8 +64,8 @@ class PolicyModel:
             return
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        if self.cfg.num_threads:
-            torch.set_num_threads(self.cfg.num_threads)
+        if self.num_threads:
+            torch.set_num_threads(self.num_threads)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self._weights_dtype())
         if self.cfg.gradient_checkpointing:

@@ -23,7 +23,8 @@ def _cosine(progress: float) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-# name -> shape on [0, 1] (1 at the start of decay, 0 at the last update); `learner.lr_schedule` is validated here
+# name -> shape on [0, 1] (1 at the start of decay, 0 at the last update); `learner.optimizer.lr_schedule` is
+# validated here
 LR_SCHEDULES: dict[str, Callable[[float], float]] = {"constant": _constant, "linear": _linear, "cosine": _cosine}
 
 

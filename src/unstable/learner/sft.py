@@ -3,7 +3,7 @@
 The supervised `Step`s come from `unstable.collector.demonstrations`: the observation rendered with the
 env's prompt template as the prompt, `template.format_action(move)` plus the eos token as the completion.
 `run_sft` trains on them with a `Learner` and the `SFT` algorithm and saves a checkpoint (a LoRA adapter, or a
-full model with `lora: None`) that RL can start from through `learner.initial_lora_path`. `warm_start` does both
+full model with `lora: None`) that RL can start from through `learner.policy.initial_lora_path`. `warm_start` does both
 for a `WarmStartConfig`: the one way `unstable train`'s warm start and `unstable sft` make one.
 """
 
@@ -17,16 +17,15 @@ import torch
 
 from unstable.algorithms.sft import SFT
 from unstable.collector.demonstrations import generate_sft_steps
-from unstable.learner.config import LearnerConfig, LoraConfig, WarmStartConfig
+from unstable.learner.config import LearnerConfig, OptimizerConfig, PolicyConfig, WarmStartConfig
 from unstable.learner.learner import Learner
-from unstable.learner.policy_model import PolicyModel
 from unstable.records import EnvSpec, Step
 from unstable.tracking import keys
 
 
 def sft_learner(model_path: str, cfg: LearnerConfig) -> Learner:
     """A `Learner` with the `SFT` algorithm on `model_path`, shaped by `cfg` (LoRA or full, rate, batching)."""
-    return Learner(PolicyModel(model_path, cfg), SFT(), cfg)
+    return Learner.build(model_path, SFT(), cfg)
 
 
 def run_sft(
@@ -71,17 +70,17 @@ def warm_start(
     spec: EnvSpec,
     ws: WarmStartConfig,
     *,
-    lora: LoraConfig | None,
+    policy: PolicyConfig,
     out_dir: str,
     seed: int = 0,
     num_threads: int | None = None,
-    micro_batch_tokens: int = LearnerConfig.model_fields["micro_batch_tokens"].default,
     on_moves: Callable[[int], None] = lambda moves: None,
     on_epoch: Callable[[dict[str, float]], None] = lambda row: None,
     on_update: Callable[[dict[str, float]], None] = lambda metrics: None,
 ) -> str:
-    """SFT of `model_path` on the valid moves of `ws.agents` (one per seat) in `ws.games` games of `spec`, with
-    `lora`'s adapter shape (None: every weight); returns the checkpoint path under `out_dir` (`run_sft`).
+    """SFT of `model_path` on the valid moves of `ws.agents` (one per seat) in `ws.games` games of `spec`, as
+    `policy` shapes the model (its LoRA adapter, or every weight); returns the checkpoint path under `out_dir`
+    (`run_sft`).
 
     `on_moves` gets the number of supervised moves before training starts; each `on_epoch` row also carries it as
     `moves`. `seed` seeds the games, the fresh weights and the shuffling."""
@@ -89,13 +88,8 @@ def warm_start(
 
     steps = generate_sft_steps(spec, ws.agents, ws.games, AutoTokenizer.from_pretrained(model_path), seed=seed)
     on_moves(len(steps))
-    cfg = LearnerConfig(
-        batch_size=ws.batch_size,
-        learning_rate=ws.learning_rate,
-        micro_batch_tokens=micro_batch_tokens,
-        lora=lora,
-        num_threads=num_threads,
-    )
+    optimizer = OptimizerConfig(learning_rate=ws.learning_rate)
+    cfg = LearnerConfig(batch_size=ws.batch_size, policy=policy, optimizer=optimizer, num_threads=num_threads)
     return run_sft(
         model_path,
         steps,

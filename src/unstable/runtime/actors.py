@@ -291,17 +291,18 @@ def learner_config_from_original_api(
     activation_checkpointing: bool = False,
     **settings,
 ) -> LearnerConfig:
-    """The original API's StandardLearner keywords as a LearnerConfig: `lora_cfg` is `lora`, `full_finetune` is
-    `lora: null`, `activation_checkpointing` is `gradient_checkpointing` (one switch in transformers); every other
-    keyword (batch_size, mini_batch_size, learning_rate, grad_clip, max_train_len, ...) is the LearnerConfig field
-    of its name. A keyword left out takes LearnerConfig's default, as a field left out of `learner:` does."""
+    """The original API's StandardLearner keywords as a LearnerConfig: `lora_cfg` is `policy.lora`, `full_finetune`
+    is `policy.lora: null`, `activation_checkpointing` is `policy.gradient_checkpointing` (one switch in
+    transformers); every other keyword (batch_size, mini_batch_size, learning_rate, grad_clip, max_train_len, ...)
+    is the field of its name in LearnerConfig or in its `policy` or `optimizer` part. A keyword left out takes the
+    default, as a field left out of `learner:` does."""
     if full_finetune:
         settings["lora"] = None
     elif lora_cfg is not None:
         settings["lora"] = LoraConfig(**lora_cfg)
     if activation_checkpointing:
         settings["gradient_checkpointing"] = True
-    return LearnerConfig(**settings)
+    return LearnerConfig(**settings)  # its policy's and optimizer's fields, given flat, go to their sections
 
 
 @ray.remote(**SHELL)
@@ -337,7 +338,7 @@ class LearnerActor(LearnerLoop):
         algorithm = algorithm or Reinforce()
         if max_generation_len is not None and getattr(algorithm, "max_generation_len", 0) is None:
             algorithm.max_generation_len = max_generation_len
-        policy = PolicyModel(model_name, cfg, dtype=dtype)
+        policy = PolicyModel(model_name, cfg.policy, dtype=dtype, device=cfg.device, num_threads=cfg.num_threads)
         run_dir = ray.get(tracker.get_run_dir.remote())
         log_to_run_dir(run_dir, "learner")
         super().__init__(

@@ -28,7 +28,7 @@ from unstable.tracking.history import TABLES_FILE, final_row, read_rows
 
 WARM_START_DIR = "warm-start"
 # the config fields that name the policy a run is on: a resumed run keeps them
-POLICY_FIELDS = ("model.path", "learner.lora", "learner.initial_lora_path", "warm_start")
+POLICY_FIELDS = ("model.path", "learner.policy.lora", "learner.policy.initial_lora_path", "warm_start")
 
 
 @dataclass
@@ -126,7 +126,7 @@ def warm_start(
 ) -> RunConfig:
     """Run `cfg.warm_start` (`learner.sft.warm_start`) in the first training env, with the learner's LoRA shape (or
     every weight) and all CPU threads, into `run_dir/warm-start/`. Returns `cfg` starting RL from that checkpoint:
-    the new `model.path` when fully fine-tuning, else `learner.initial_lora_path`. `on_epoch` gets each pass's
+    the new `model.path` when fully fine-tuning, else `learner.policy.initial_lora_path`. `on_epoch` gets each pass's
     `{"epoch", "loss", "updates", "moves"}`."""
     from unstable.learner.sft import warm_start as supervised_warm_start
 
@@ -134,16 +134,16 @@ def warm_start(
         resolve_model_path(cfg),
         cfg.collector.training_specs()[0],
         cfg.warm_start,
-        lora=cfg.learner.lora,
+        policy=cfg.learner.policy.model_copy(update={"initial_lora_path": None}),
         out_dir=str(run_dir / WARM_START_DIR),
         seed=cfg.run.seed,
-        micro_batch_tokens=cfg.learner.micro_batch_tokens,
         on_epoch=lambda row: _after_epoch(row, run_dir, on_epoch),
     )
-    if cfg.learner.lora is None:
+    if cfg.learner.policy.lora is None:
         model_cfg = cfg.model.model_copy(update={"path": checkpoint, "build_tiny_if_missing": False})
         return cfg.model_copy(update={"model": model_cfg})
-    return cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"initial_lora_path": checkpoint})})
+    policy = cfg.learner.policy.model_copy(update={"initial_lora_path": checkpoint})
+    return cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"policy": policy})})
 
 
 def _after_epoch(row: dict[str, Any], run_dir: Path, on_epoch: Callable[[dict[str, Any]], None]) -> None:
@@ -227,7 +227,7 @@ def _warm_start_once(cfg: RunConfig, run_dir: Path, on_epoch: Callable[[dict[str
 
 def _warm_start_checkpoint(cfg: RunConfig, run_dir: Path) -> str | None:
     """The run's own warm-start checkpoint (in `run_dir/warm-start/`) that RL starts from, None when it has none."""
-    path = cfg.model.path if cfg.learner.lora is None else cfg.learner.initial_lora_path
+    path = cfg.model.path if cfg.learner.policy.lora is None else cfg.learner.policy.initial_lora_path
     inside = path is not None and Path(path).resolve().is_relative_to((run_dir / WARM_START_DIR).resolve())
     return path if inside else None
 

@@ -88,7 +88,7 @@ def build_topology(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> Topol
         cfg.buffer.max_buffer_size, tracker, **cfg.buffer.transform_stages(), seed=seed, discount=cfg.buffer.discount
     )
     pool = ModelPoolActor.options(name="ModelPool").remote(tracker=tracker, seed=seed, **cfg.pool.model_dump())
-    ray.get(pool.add_checkpoint.remote(path=cfg.learner.initial_lora_path, iteration=-1))
+    ray.get(pool.add_checkpoint.remote(path=cfg.learner.policy.initial_lora_path, iteration=-1))
     collector = CollectorActor.options(name="Collector").remote(
         step_buffer=buffer,
         model_pool=pool,
