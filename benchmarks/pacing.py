@@ -14,6 +14,7 @@ mean staleness and learner seconds per update. Writes the JSON to `--out` and pr
 
     .venv/bin/python benchmarks/pacing.py            # 3 seeds x 200 steps, 600 evaluation games
     .venv/bin/python benchmarks/pacing.py --smoke    # 1 seed x 2 steps, 20 evaluation games, a tiny warm start
+    .venv/bin/python benchmarks/pacing.py --smoke --start MODEL   # the same, RL from MODEL: no warm start
 """
 
 from __future__ import annotations
@@ -120,11 +121,12 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "pacing-bench", help="run directories")
     parser.add_argument("--model", default=str(ROOT / ".cache" / "tiny-qwen3"), help="the demo's base model")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "pacing.json")
+    parser.add_argument("--start", help="RL from this model instead of the demo's warm start (a quick check)")
     args = parser.parse_args()
     if args.smoke:
         args.steps, args.eval_games, args.seeds = 2, 20, args.seeds[:1]
     args.work.mkdir(parents=True, exist_ok=True)
-    start = warm_start(args.work, args.model, args.smoke)
+    start = args.start or warm_start(args.work, args.model, args.smoke)
     runs: list[dict[str, Any]] = []
     for seed in args.seeds:
         for pacing in (True, False):

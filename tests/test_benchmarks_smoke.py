@@ -32,7 +32,7 @@ SMOKES = {
         "loop.json",
         "loop / bare",
     ),
-    "pacing.py": (["--smoke", "--work", f"{TMP}/work", "--model", TINY, "--out", f"{TMP}/pacing.json"], None, "pacing"),
+    "pacing.py": (["--smoke", "--work", f"{TMP}/work", "--start", TINY, "--out", f"{TMP}/pacing.json"], None, "pacing"),
     "soak.py": (
         ["--steps", "4", "--every", "2", "--flat-after", "0", "--kinds", "lora", "--out", f"{TMP}/soak.json"],
         "soak.json",
