@@ -8,7 +8,7 @@ import pytest
 import unstable.reward_transformations as retra
 from unstable.buffer import StepBuffer
 from unstable.buffer.config import BufferConfig, TransformConfig
-from unstable.records import GameRecord, Step
+from unstable.records import GameRecord, Step, link_decisions
 
 
 def _step(pid=0, reward=0.0, env_id="TicTacToe-v0-train", format_ok=True, invalid_move=False):
@@ -165,6 +165,15 @@ def test_discount_scales_each_move_by_its_players_later_moves_before_the_step_st
     )
     # player 0 moved 3 times: 0.25, 0.5, 1; player 1 three times: -0.25, -0.5 - 1 (its rejected move), -1
     assert [s.reward for s in buffer.steps] == [0.25, -0.25, 0.5, -1.5, -1.0, 1.0]
+
+
+def test_link_decisions_counts_each_players_later_decisions_and_names_its_next_prompt():
+    steps = tuple(replace(_step(pid), turn=turn, prompt_token_ids=(turn,)) for turn, pid in enumerate([0, 1, 0, 1, 0]))
+    linked = link_decisions(steps)
+    # player 0 decides at turns 0, 2, 4; player 1 at 1, 3; a player's last decision has no next prompt
+    assert [s.decisions_after for s in linked] == [2, 1, 1, 0, 0]
+    assert [s.next_prompt_token_ids for s in linked] == [(2,), (3,), (4,), (), ()]
+    assert [s.decisions_after for s in steps] == [0] * 5  # new steps, the game's own untouched
 
 
 def test_each_step_carries_its_players_next_decision_prompt():

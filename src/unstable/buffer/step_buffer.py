@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import random
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from unstable.records import GameRecord, Step
+from unstable.records import GameRecord, Step, link_decisions
 from unstable.tracking import keys
 
 
@@ -59,12 +59,11 @@ class StepBuffer:
         if self.final_transform is not None:
             rewards = self.final_transform(rewards, env_id=record.env_id)
         added = 0
-        for step, (later, next_prompt) in zip(record.steps, _later_decisions(record.steps)):
+        for step in link_decisions(record.steps):
             if not _trains_on(record, step):
                 continue
-            reward = float(rewards[step.player_id]) * self.discount**later
-            opponent = _opponent(record, step.player_id)
-            step = replace(step, reward=reward, opponent=opponent, next_prompt_token_ids=next_prompt)
+            reward = float(rewards[step.player_id]) * self.discount**step.decisions_after
+            step = replace(step, reward=reward, opponent=_opponent(record, step.player_id))
             if self.step_transform is not None:
                 step = self.step_transform(step, env_id=record.env_id)
             if len(self.steps) == self.max_buffer_size:
@@ -169,16 +168,3 @@ def _trains_on(record: GameRecord, step: Step) -> bool:
 def _opponent(record: GameRecord, player_id: int) -> str:
     """The names of the agents in `record`'s other seats, '+'-joined in seat order."""
     return "+".join(name for pid, name in sorted(record.players.items()) if pid != player_id)
-
-
-def _later_decisions(steps: tuple[Step, ...]) -> list[tuple[int, tuple[int, ...]]]:
-    """For each step, how many decisions its player makes later in the game and the prompt tokens of the next
-    one (empty at the player's last)."""
-    seen: Counter[int] = Counter()
-    next_prompt: dict[int, tuple[int, ...]] = {}
-    later = []
-    for step in reversed(steps):
-        later.append((seen[step.player_id], next_prompt.get(step.player_id, ())))
-        seen[step.player_id] += 1
-        next_prompt[step.player_id] = step.prompt_token_ids
-    return later[::-1]
