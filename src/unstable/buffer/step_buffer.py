@@ -15,13 +15,12 @@ from unstable.tracking import keys
 class StepBuffer:
     """A bounded FIFO of training steps (oldest dropped first), filled through the reward transforms.
 
-    Only steps of the learner's seats that carry model tokens are kept; failed games add nothing. Each step
-    starts from its player's final reward times `discount ** k`, k the decisions that player made after it
-    (1.0, the default, gives every decision the game's result; below 1 the moves that decided the game count most),
-    is labelled with its opponent (`Step.opponent`: the other seats' agent names) for per-opponent baselines,
-    and carries its player's next decision prompt (`Step.next_prompt_token_ids`) for bootstrapping critics.
-    `get_batch` removes a uniformly drawn batch and applies the sampling-stage transform to it; steps that
-    share a `group_id` are drawn together, so a group-relative baseline sees the whole group.
+    Only steps of the learner's seats that carry model tokens are kept; failed games add nothing. Each step starts
+    from its player's final reward (after the final stage), carries the game's facts about its player's later
+    decisions (`records.link_decisions`) and is labelled with its opponent (`Step.opponent`: the other seats'
+    agent names) for per-opponent baselines, then goes through the step stage. `get_batch` removes a uniformly
+    drawn batch and applies the sampling-stage transform to it; steps that share a `group_id` are drawn together,
+    so a group-relative baseline sees the whole group.
     """
 
     def __init__(
@@ -31,12 +30,8 @@ class StepBuffer:
         step_reward_transformation: Callable | None = None,
         sampling_reward_transformation: Callable | None = None,
         seed: int = 0,
-        discount: float = 1.0,
     ):
-        if not 0.0 < discount <= 1.0:
-            raise ValueError(f"discount must be in (0, 1], got {discount}")
         self.max_buffer_size = max_buffer_size
-        self.discount = discount
         self.final_transform = final_reward_transformation
         self.step_transform = step_reward_transformation
         self.sampling_transform = sampling_reward_transformation
@@ -62,8 +57,7 @@ class StepBuffer:
         for step in link_decisions(record.steps):
             if not _trains_on(record, step):
                 continue
-            reward = float(rewards[step.player_id]) * self.discount**step.decisions_after
-            step = replace(step, reward=reward, opponent=_opponent(record, step.player_id))
+            step = replace(step, reward=float(rewards[step.player_id]), opponent=_opponent(record, step.player_id))
             if self.step_transform is not None:
                 step = self.step_transform(step, env_id=record.env_id)
             if len(self.steps) == self.max_buffer_size:
