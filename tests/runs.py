@@ -7,6 +7,7 @@ The tests of the paths users take (engine x fine-tuning x dtype x inference acto
 |---|---|
 | transformers, full fine-tuning after a warm start, top_p 0.5 | `test_runtime_ray`: two learner steps |
 | transformers, two inference actors | `test_runtime_ray`: different samples for one prompt |
+| transformers, A2C bootstrapping, an old config's `buffer.discount` | `test_runtime_ray`: saved as a transform |
 | transformers, LoRA warm start, KL penalty | `test_learner_start_and_precision`: zero KL at the start |
 | transformers, bf16, full fine-tuning | `test_learner_start_and_precision`: float32 masters |
 | Kuhn Poker, branched groups, 8 game threads | `test_branching`: every branch of a group sees the same deals |

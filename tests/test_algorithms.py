@@ -19,7 +19,7 @@ from unstable.buffer import StepBuffer
 from unstable.config import ConfigError, validate_config
 from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyConfig, PolicyModel
 from unstable.pool import ModelPool
-from unstable.records import Step
+from unstable.records import GameRecord, Step
 from unstable.rl import TrainerConfig, awr_weights
 from unstable.runtime.loop import LearnerLoop
 from unstable.tracking import Tracker, keys
@@ -172,6 +172,20 @@ def test_a2c_targets_bootstrap_from_the_players_next_decision(bootstrap, expecte
     algorithm = A2C(bootstrap=bootstrap)
     algorithm.value_head = _ValueOfFirstToken()
     assert algorithm.targets(steps, _FirstTokenPolicy()).tolist() == pytest.approx(expected)
+
+
+def test_a2c_bootstraps_from_the_next_prompt_the_buffer_links_each_step_to():
+    # player 0 decides in states 7, 3 and 1 (V = 0.7, 0.3, 0.1); player 1 in state 5 only; player 0 wins
+    steps = tuple(
+        _step(prompt=(p,), player_id=pid, turn=t) for t, (pid, p) in enumerate([(0, 7), (1, 5), (0, 3), (0, 1)])
+    )
+    buffer = StepBuffer(max_buffer_size=8)
+    buffer.add_game(GameRecord("E", 0, {0: "a", 1: "b"}, steps, {0: 1.0, 1: -1.0}, learner_player_ids=(0, 1)))
+    batch = sorted(buffer.get_batch(4), key=lambda s: s.turn)
+    algorithm = A2C(bootstrap=1.0)
+    algorithm.value_head = _ValueOfFirstToken()
+    # TD(0): each decision's target is the value of its player's next state; a player's last decision, its reward
+    assert algorithm.targets(batch, _FirstTokenPolicy()).tolist() == pytest.approx([0.3, -1.0, 0.1, 1.0])
 
 
 @pytest.mark.parametrize("bootstrap", [-0.1, 1.5])

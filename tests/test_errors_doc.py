@@ -236,6 +236,12 @@ CASES = [
         _with("learner.algorithm.name=vtrace_awr", "learner.algorithm.args={temperature: 0.5}"),
         "awr_temperature",
     ),
+    ("a buffer.discount outside (0, 1] (a config from before the transform)", _with("buffer.discount=1.5"), "discount"),
+    (
+        "a discount transform outside (0, 1]",
+        _with("buffer.step_reward_transforms=[{name: DiscountLaterDecisions, args: {discount: 0}}]"),
+        "discount",
+    ),
 ]
 
 

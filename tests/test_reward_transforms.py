@@ -1,14 +1,15 @@
 """Reward transforms with hand-computed numbers, the registry, and seed 002's three-stage pipeline end to end."""
 
+import inspect
 import math
 from dataclasses import replace
 
 import pytest
 
 import unstable.reward_transformations as retra
-from unstable.buffer import StepBuffer
+from unstable.buffer import StepBuffer, step_buffer
 from unstable.buffer.config import BufferConfig, TransformConfig
-from unstable.records import GameRecord, Step
+from unstable.records import GameRecord, Step, link_decisions
 
 
 def _step(pid=0, reward=0.0, env_id="TicTacToe-v0-train", format_ok=True, invalid_move=False):
@@ -121,12 +122,14 @@ def test_registry_builds_every_transform_and_config_accepts_their_names():
         "NormalizeRewardsByEnv",
         "NormalizeRewardsByOpponent",
         "BaselineByObservation",
+        "DiscountLaterDecisions",
     }
     assert set(retra.TRANSFORMS) == expected
     assert retra.build_transform("PenaltyForInvalidMove", {"reward": 1.0, "penalty": -1.0}).penalty == -1.0
     assert retra.build_transform("NormalizeRewardsByEnv", {"z_score": True}).z_score
-    for name in expected:
+    for name in expected - {"DiscountLaterDecisions"}:
         TransformConfig(name=name)
+    TransformConfig(name="DiscountLaterDecisions", args={"discount": 0.9})  # the one without a default
     with pytest.raises(ValueError, match="RewardForFormat"):
         retra.build_transform("RewardForFormats")
 
@@ -153,33 +156,62 @@ def test_seed_002_pipeline_end_to_end_in_the_buffer():
     assert batch == pytest.approx([(r - mean) / std for r in stored])
 
 
-def test_discount_scales_each_move_by_its_players_later_moves_before_the_step_stage():
-    buffer = StepBuffer(
-        max_buffer_size=10,
-        step_reward_transformation=retra.ComposeStepRewardTransforms([retra.PenaltyForInvalidMove(0.0, -1.0)]),
-        discount=0.5,
-    )
-    steps = (_step(0), _step(1), _step(0), _step(1, invalid_move=True), _step(1), _step(0))
-    buffer.add_game(
-        GameRecord("TicTacToe-v0-train", 0, {0: "a", 1: "b"}, steps, {0: 1, 1: -1}, learner_player_ids=(0, 1))
-    )
-    # player 0 moved 3 times: 0.25, 0.5, 1; player 1 three times: -0.25, -0.5 - 1 (its rejected move), -1
-    assert [s.reward for s in buffer.steps] == [0.25, -0.25, 0.5, -1.5, -1.0, 1.0]
+def _game(steps):
+    return GameRecord("TicTacToe-v0-train", 0, {0: "a", 1: "b"}, steps, {0: 1, 1: -1}, learner_player_ids=(0, 1))
 
 
-def test_each_step_carries_its_players_next_decision_prompt():
+def test_link_decisions_counts_each_players_later_decisions_and_names_its_next_prompt():
+    steps = tuple(replace(_step(pid), turn=turn, prompt_token_ids=(turn,)) for turn, pid in enumerate([0, 1, 0, 1, 0]))
+    linked = link_decisions(steps)
+    # player 0 decides at turns 0, 2, 4; player 1 at 1, 3; a player's last decision has no next prompt
+    assert [s.decisions_after for s in linked] == [2, 1, 1, 0, 0]
+    assert [s.next_prompt_token_ids for s in linked] == [(2,), (3,), (4,), (), ()]
+    assert [s.decisions_after for s in steps] == [0] * 5  # new steps, the game's own untouched
+
+
+def test_each_step_in_the_buffer_carries_its_players_next_decision_prompt():
     steps = tuple(replace(_step(pid), turn=turn, prompt_token_ids=(turn,)) for turn, pid in enumerate([0, 1, 0, 1, 0]))
     buffer = StepBuffer(max_buffer_size=10)
-    buffer.add_game(
-        GameRecord("TicTacToe-v0-train", 0, {0: "a", 1: "b"}, steps, {0: 1, 1: -1}, learner_player_ids=(0, 1))
-    )
-    # player 0 decides at turns 0, 2, 4; player 1 at 1, 3; a player's last decision has none
+    buffer.add_game(_game(steps))
     assert [s.next_prompt_token_ids for s in buffer.steps] == [(2,), (3,), (4,), (), ()]
+    assert [s.reward for s in buffer.steps] == [1, -1, 1, -1, 1]  # no discount unless configured
 
 
-@pytest.mark.parametrize("discount", [0.0, -0.5, 1.5])
+DISCOUNTED = [0.25, -0.25, 0.5, -1.5, -1.0, 1.0]  # see the next test
+
+
+def test_discount_scales_each_move_by_its_players_later_moves_before_the_other_step_transforms():
+    stage = [retra.DiscountLaterDecisions(0.5), retra.PenaltyForInvalidMove(0.0, -1.0)]
+    buffer = StepBuffer(max_buffer_size=10, step_reward_transformation=retra.ComposeStepRewardTransforms(stage))
+    buffer.add_game(_game((_step(0), _step(1), _step(0), _step(1, invalid_move=True), _step(1), _step(0))))
+    # player 0 moved 3 times: 0.25, 0.5, 1; player 1 three times: -0.25, -0.5 - 1 (its rejected move), -1
+    assert [s.reward for s in buffer.steps] == DISCOUNTED
+
+
+def _rewards_under(buffer_settings: dict) -> list[float]:
+    buffer = StepBuffer(max_buffer_size=10, **BufferConfig(**buffer_settings).transform_stages())
+    buffer.add_game(_game((_step(0), _step(1), _step(0), _step(1, invalid_move=True), _step(1), _step(0))))
+    return [s.reward for s in buffer.steps]
+
+
+def test_an_old_config_with_buffer_discount_gives_the_rewards_of_the_transform_placed_first():
+    penalty = {"name": "PenaltyForInvalidMove", "args": {"penalty": -1.0}}
+    discount = {"name": "DiscountLaterDecisions", "args": {"discount": 0.5}}
+    old = {"discount": 0.5, "step_reward_transforms": [penalty]}
+    assert _rewards_under(old) == _rewards_under({"step_reward_transforms": [discount, penalty]}) == DISCOUNTED
+    assert BufferConfig(**old) == BufferConfig(step_reward_transforms=[discount, penalty])
+    assert BufferConfig(discount=1.0) == BufferConfig()  # every saved run's config.yaml has it: dropped
+    assert "discount" not in BufferConfig(**old).model_dump()
+
+
+@pytest.mark.parametrize("discount", [0.0, -0.5, 1.5, "high"])
 def test_a_discount_outside_zero_to_one_is_refused(discount):
     with pytest.raises(ValueError, match="discount"):
-        StepBuffer(max_buffer_size=4, discount=discount)
+        retra.DiscountLaterDecisions(discount)
     with pytest.raises(ValueError, match="discount"):
         BufferConfig(discount=discount)
+
+
+def test_the_step_buffer_knows_nothing_of_discounts():
+    assert "discount" not in inspect.signature(StepBuffer).parameters
+    assert "discount" not in inspect.getsource(step_buffer).lower()

@@ -3,7 +3,9 @@
 import json
 
 import pytest
+import yaml
 
+from unstable.cli.main import main
 from unstable.config import load_config
 from unstable.runtime import train
 from unstable.tracking import keys, new_run_dir
@@ -53,6 +55,28 @@ def test_two_learner_steps_through_ray(tiny_model_dir, tmp_path):
     assert step[keys.BUFFER_SIZE] >= 0 and keys.LOSS in step
     ladder = json.loads((run_dir / LATEST_TABLES_FILE).read_text())[keys.POOL_LADDER]  # tables: their own file
     assert step[keys.POOL_CHECKPOINTS] == 3 and {e["agent"] for e in ladder} >= {"ckpt--1"}
+
+
+def test_a2c_and_an_old_configs_buffer_discount_train_through_unstable_train(tiny_model_dir, tmp_path):
+    """A config from before the discount became a reward transform (`buffer.discount`) trains A2C with a bootstrapped
+    critic; the run's saved config, which `--resume` reads back, holds the discount as the first step transform."""
+    overrides = tiny_run(
+        tmp_path,
+        tiny_model_dir,
+        "a2c",
+        "warm_start=null",
+        "buffer.discount=0.5",
+        "learner.algorithm.name=a2c",
+        "learner.algorithm.args={bootstrap: 0.5}",
+    )
+    assert main(["train", str(EXAMPLE), "--no-wandb", *(a for o in overrides for a in ("--set", o))]) == 0
+    buffer = yaml.safe_load((tmp_path / "a2c" / "config.yaml").read_text())["buffer"]
+    assert "discount" not in buffer
+    discount, penalty = buffer["step_reward_transforms"]  # the example's own PenaltyForInvalidMove comes second
+    assert discount == {"name": "DiscountLaterDecisions", "args": {"discount": 0.5}}
+    assert penalty["name"] == "PenaltyForInvalidMove"
+    rows = [json.loads(line) for line in (tmp_path / "a2c" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["final"] is True and keys.VALUE_LOSS in rows[1]
 
 
 def test_a_new_run_never_writes_into_an_earlier_runs_directory(tmp_path):

@@ -7,7 +7,9 @@ samples (a `Step` with its `reward` filled in); the learner turns samples into a
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -115,8 +117,10 @@ class Step:
     `group_id` is shared by the decisions sampled from one copied game state (see `games.branching`); the
     group's mean reward is their baseline. `opponent` names the agents in the other seats ('+'-joined), set by
     the StepBuffer, so a per-opponent baseline can compare games against the same opponent.
-    `next_prompt_token_ids`, also set by the StepBuffer, is the prompt of the same player's next decision in the
-    game (empty at its last): the state whose value a bootstrapping critic (`A2C(bootstrap=...)`) reads.
+    `decisions_after` and `next_prompt_token_ids` are facts of the game that `link_decisions` fills in when the
+    StepBuffer takes the game: how many decisions the same player makes later, and the prompt of its next one
+    (empty at its last), the state whose value a bootstrapping critic (`A2C(bootstrap=...)`) reads. A discount
+    (`rewards.DiscountLaterDecisions`) reads the first.
     """
 
     env_id: str
@@ -138,6 +142,7 @@ class Step:
     group_id: str | None = None
     opponent: str = ""
     next_prompt_token_ids: tuple[int, ...] = ()
+    decisions_after: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
 
@@ -176,6 +181,20 @@ class GameRecord:
             return "win" if mine > 0 else "draw" if mine == 0 else "loss"
         best_other = max(others)
         return "win" if mine > best_other else "draw" if mine == best_other else "loss"
+
+
+def link_decisions(steps: Sequence[Step]) -> tuple[Step, ...]:
+    """`steps` (one game's, in order) as new steps each holding `decisions_after` and `next_prompt_token_ids`: how
+    many decisions its player makes later in the game and that player's next prompt (empty at its last)."""
+    later: Counter[int] = Counter()
+    next_prompt: dict[int, tuple[int, ...]] = {}
+    linked = []
+    for step in reversed(steps):
+        pid = step.player_id
+        linked.append(replace(step, decisions_after=later[pid], next_prompt_token_ids=next_prompt.get(pid, ())))
+        later[pid] += 1
+        next_prompt[pid] = step.prompt_token_ids
+    return tuple(reversed(linked))
 
 
 def append_games(directory: str | Path, records: list[GameRecord]) -> Path:

@@ -2,7 +2,7 @@
 
 A value head reads the model's last hidden state at the last prompt token (the state the decision was made
 in). With V_i its prediction, r_i the step's reward (the game's outcome for that decision, after shaping) and
-s'_i the state of the same player's next decision in the game (`Step.next_prompt_token_ids`):
+s'_i the state of the same player's next decision in the game (`Step.next_prompt_token_ids`, `link_decisions`):
 
     G_i        = (1 - b) r_i + b V(s'_i)    if the player decides again, else r_i    (V(s'_i) without gradient)
     A_i        = G_i - V_i                                                           (V_i detached)
@@ -13,7 +13,8 @@ s'_i the state of the same player's next decision in the game (`Step.next_prompt
 b = `bootstrap`: 0 (the default) is the Monte Carlo target, every decision credited with its game's result;
 1 is the temporal difference TD(0): a decision is credited with the change in value it caused, so a move that
 wins at once stands out from the moves of a game won later, at the price of the critic's bias. Rewards arrive
-only at a game's end, so there is no discount on V(s'_i) (the StepBuffer's `discount` already shapes r_i).
+only at a game's end, so there is no discount on V(s'_i) (a `DiscountLaterDecisions` reward transform, if
+configured, already shapes r_i).
 The value loss trains the head and, through the shared hidden state, the policy's own weights. One optimizer
 step per batch; the head's parameters join the learner's optimizer (at `value_lr`). D as in `Reinforce`.
 """

@@ -34,19 +34,38 @@ class TransformConfig(Settings):
 
 
 class BufferConfig(Settings):
-    """StepBuffer size and the final, step and sampling reward-transform stages (applied in list order)."""
+    """StepBuffer size and the final, step and sampling reward-transform stages (applied in list order).
+
+    A `discount` (the buffer's own setting until the discount became a reward transform; every run config saved
+    before has one, which `--resume` re-reads) is moved into a first step-stage `DiscountLaterDecisions`, where
+    the buffer applied it, so an old config gives the same rewards; `discount: 1.0`, which changes nothing, is
+    dropped."""
 
     max_buffer_size: int = Field(768, ge=1, description="most steps held; the oldest are dropped first")
-    discount: float = Field(
-        1.0, gt=0.0, le=1.0, description="a step's final reward times discount ** (its player's later decisions)"
-    )
     final_reward_transforms: list[TransformConfig] = Field(
         [TransformConfig(name="WinDrawLossFormatter")], description="map a finished game's rewards per player"
     )
-    step_reward_transforms: list[TransformConfig] = Field([], description="map each step once its game ended")
+    step_reward_transforms: list[TransformConfig] = Field(
+        [], description="map each step once its game ended; a discount (`DiscountLaterDecisions`) goes first"
+    )
     sampling_reward_transforms: list[TransformConfig] = Field(
         [], description="map a batch just before the learner gets it"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _discount_as_first_step_transform(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "discount" not in data:
+            return data
+        data = dict(data)
+        discount = data.pop("discount")
+        if discount == 1.0:
+            return data
+        from unstable.rewards import DiscountLaterDecisions
+
+        DiscountLaterDecisions(discount)  # a bad one is refused here, where the message can name `discount`
+        first = {"name": "DiscountLaterDecisions", "args": {"discount": discount}}
+        return data | {"step_reward_transforms": [first, *data.get("step_reward_transforms", [])]}
 
     def transform_stages(self) -> dict[str, Any]:
         """The StepBuffer's `*_reward_transformation` arguments built from the registry (an empty stage: None)."""

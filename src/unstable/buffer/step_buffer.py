@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 import random
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from unstable.records import GameRecord, Step
+from unstable.records import GameRecord, Step, link_decisions
 from unstable.tracking import keys
 
 
 class StepBuffer:
     """A bounded FIFO of training steps (oldest dropped first), filled through the reward transforms.
 
-    Only steps of the learner's seats that carry model tokens are kept; failed games add nothing. Each step
-    starts from its player's final reward times `discount ** k`, k the decisions that player made after it
-    (1.0, the default, gives every decision the game's result; below 1 the moves that decided the game count most),
-    is labelled with its opponent (`Step.opponent`: the other seats' agent names) for per-opponent baselines,
-    and carries its player's next decision prompt (`Step.next_prompt_token_ids`) for bootstrapping critics.
-    `get_batch` removes a uniformly drawn batch and applies the sampling-stage transform to it; steps that
-    share a `group_id` are drawn together, so a group-relative baseline sees the whole group.
+    Only steps of the learner's seats that carry model tokens are kept; failed games add nothing. Each step starts
+    from its player's final reward (after the final stage), carries the game's facts about its player's later
+    decisions (`records.link_decisions`) and is labelled with its opponent (`Step.opponent`: the other seats'
+    agent names) for per-opponent baselines, then goes through the step stage. `get_batch` removes a uniformly
+    drawn batch and applies the sampling-stage transform to it; steps that share a `group_id` are drawn together,
+    so a group-relative baseline sees the whole group.
     """
 
     def __init__(
@@ -31,12 +30,8 @@ class StepBuffer:
         step_reward_transformation: Callable | None = None,
         sampling_reward_transformation: Callable | None = None,
         seed: int = 0,
-        discount: float = 1.0,
     ):
-        if not 0.0 < discount <= 1.0:
-            raise ValueError(f"discount must be in (0, 1], got {discount}")
         self.max_buffer_size = max_buffer_size
-        self.discount = discount
         self.final_transform = final_reward_transformation
         self.step_transform = step_reward_transformation
         self.sampling_transform = sampling_reward_transformation
@@ -59,12 +54,10 @@ class StepBuffer:
         if self.final_transform is not None:
             rewards = self.final_transform(rewards, env_id=record.env_id)
         added = 0
-        for step, (later, next_prompt) in zip(record.steps, _later_decisions(record.steps)):
+        for step in link_decisions(record.steps):
             if not _trains_on(record, step):
                 continue
-            reward = float(rewards[step.player_id]) * self.discount**later
-            opponent = _opponent(record, step.player_id)
-            step = replace(step, reward=reward, opponent=opponent, next_prompt_token_ids=next_prompt)
+            step = replace(step, reward=float(rewards[step.player_id]), opponent=_opponent(record, step.player_id))
             if self.step_transform is not None:
                 step = self.step_transform(step, env_id=record.env_id)
             if len(self.steps) == self.max_buffer_size:
@@ -169,16 +162,3 @@ def _trains_on(record: GameRecord, step: Step) -> bool:
 def _opponent(record: GameRecord, player_id: int) -> str:
     """The names of the agents in `record`'s other seats, '+'-joined in seat order."""
     return "+".join(name for pid, name in sorted(record.players.items()) if pid != player_id)
-
-
-def _later_decisions(steps: tuple[Step, ...]) -> list[tuple[int, tuple[int, ...]]]:
-    """For each step, how many decisions its player makes later in the game and the prompt tokens of the next
-    one (empty at the player's last)."""
-    seen: Counter[int] = Counter()
-    next_prompt: dict[int, tuple[int, ...]] = {}
-    later = []
-    for step in reversed(steps):
-        later.append((seen[step.player_id], next_prompt.get(step.player_id, ())))
-        seen[step.player_id] += 1
-        next_prompt[step.player_id] = step.prompt_token_ids
-    return later[::-1]

@@ -142,6 +142,20 @@ class RoleAdvantageByEnvFormatter(RoleAdvantageFormatter):
         return (env_id, pid)
 
 
+class DiscountLaterDecisions(StepRewardTransform):
+    """Multiplies a step's reward by `discount ** k`, k the decisions its player makes later in the game
+    (`Step.decisions_after`): below 1 the moves that decided the game count most. Put it first in the step stage,
+    so the shaping terms after it are not discounted."""
+
+    def __init__(self, discount: float):
+        if isinstance(discount, bool) or not isinstance(discount, (int, float)) or not 0.0 < discount <= 1.0:
+            raise ValueError(f"discount must be a number in (0, 1], got {discount!r}")
+        self.discount = discount
+
+    def __call__(self, step: Step, env_id: str | None = None) -> Step:
+        return replace(step, reward=step.reward * self.discount**step.decisions_after)
+
+
 class RewardForFormat(StepRewardTransform):
     """Adds `reward` to a step whose completion had the answer format (`format_ok`), `penalty` otherwise."""
 

@@ -104,7 +104,6 @@ class StepBufferActor(StepBuffer):
         step_reward_transformation=None,
         sampling_reward_transformation=None,
         seed: int = 0,
-        discount: float = BufferConfig.model_fields["discount"].default,
     ):
         super().__init__(
             max_buffer_size,
@@ -112,7 +111,6 @@ class StepBufferActor(StepBuffer):
             step_reward_transformation=step_reward_transformation,
             sampling_reward_transformation=sampling_reward_transformation,
             seed=seed,
-            discount=discount,
         )
         _register_source(tracker)
         _log_with(tracker, "step_buffer")

@@ -85,7 +85,7 @@ def build_topology(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> Topol
     seed = cfg.run.seed
     tracker = TrackerActor.options(name="Tracker").remote(cfg.run.name, run_dir=str(run_dir.resolve()), cfg=cfg.tracker)
     buffer = StepBufferActor.options(name="StepBuffer").remote(
-        cfg.buffer.max_buffer_size, tracker, **cfg.buffer.transform_stages(), seed=seed, discount=cfg.buffer.discount
+        cfg.buffer.max_buffer_size, tracker, **cfg.buffer.transform_stages(), seed=seed
     )
     pool = ModelPoolActor.options(name="ModelPool").remote(tracker=tracker, seed=seed, **cfg.pool.model_dump())
     ray.get(pool.add_checkpoint.remote(path=cfg.learner.policy.initial_lora_path, iteration=-1))
