@@ -74,3 +74,14 @@ def test_code_points_at_pages_and_sections_that_exist():
             elif title and not any(h.strip("`").startswith(title) for h in headings(target)):
                 broken.append(f"{path.relative_to(ROOT)}: {page}, {title!r}: no heading begins so")
     assert not broken, "\n".join(broken)
+
+
+def test_no_file_holds_a_merge_conflict_marker():
+    """A merge left unresolved (`<<<<<<<` ... `>>>>>>>`) in any tracked text file fails here, not in a reader's eyes."""
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    marker = re.compile(r"^(<{7} |>{7} )", flags=re.M)
+    texts = [ROOT / name for name in tracked if name.endswith((".md", ".py", ".yaml", ".toml", ".sh", ".cfg", ".txt"))]
+    marked = [str(path.relative_to(ROOT)) for path in texts if path.is_file() and marker.search(path.read_text())]
+    assert not marked, f"merge conflict markers in {marked}"
