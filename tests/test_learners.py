@@ -1,9 +1,13 @@
 """Several data-parallel learners: two ranks (gloo, two processes) end with the weights one learner reaches on the
-same global batches, for every algorithm that shards; those that cannot shard exactly are refused."""
+same global batches, for every algorithm that shards; those that cannot shard exactly are refused; through
+`unstable train`, two learner actors train, log each step once and resume after a kill."""
 
+import json
+import math
 import random
 import socket
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,6 +17,10 @@ from unstable.algorithms import ALGORITHMS
 from unstable.learner import Learner, LearnerConfig
 from unstable.learner.parallel import DataParallel
 from unstable.records import Step
+from unstable.tracking import keys
+
+from .runs import EXAMPLE, tiny_run
+from .test_resume_kill import _kill_when_paused, _latest_step, _start, _steps
 
 # algorithm name and arguments: each path that splits a batch (per batch, per minibatch of shuffled epochs, after
 # batch-wide advantages, with a value head bootstrapping on next states)
@@ -158,3 +166,39 @@ def test_each_rank_takes_its_own_equal_contiguous_shard():
     assert DataParallel().shard(steps) == steps  # one learner: the whole batch
     with pytest.raises(ValueError, match="7 steps do not split into 2 equal shards"):
         DataParallel(0, 2).shard(steps[:7])
+
+
+def test_with_max_staleness_the_fresh_steps_are_cut_to_equal_shards():
+    cfg = LearnerConfig(batch_size=4, num_learners=2, max_staleness=1)
+    learner = Learner(None, cfg.algorithm.build(), cfg, DataParallel(0, 2))  # no model: drop_stale needs none
+    learner.step = 3
+    steps = [replace(_batches()[0][0], policy_version=v) for v in (3, 2, 2, 0)]
+    fresh, dropped = learner.drop_stale(steps)
+    assert [s.policy_version for s in fresh] == [3, 2] and dropped == 2  # one stale, one cut off
+
+
+@pytest.mark.slow  # runs of unstable train
+def test_two_learner_actors_through_unstable_train_log_each_step_once_and_resume(tiny_model_dir, tmp_path):
+    overrides = tiny_run(
+        tmp_path,
+        tiny_model_dir,
+        "two-learners",
+        "warm_start=null",
+        "learner.num_learners=2",
+        "learner.num_steps=3",
+        "learner.resume_state.every_steps=1",
+    )
+    run_dir = tmp_path / "two-learners"
+    sets = [arg for o in overrides for arg in ("--set", o)]
+    _kill_when_paused(_start([str(EXAMPLE), *sets], "after-log:2", tmp_path), run_dir)  # step 2 logged, then killed
+    assert (run_dir / "logs" / "learner-1.log").exists()  # rank 1's actor ran
+    assert _steps(run_dir) == [0, 1, 2] and _latest_step(run_dir) == 1
+
+    resumed = _start(["--resume", str(run_dir)], None, tmp_path)
+    output = resumed.communicate(timeout=300)[0].decode()
+    assert resumed.returncode == 0, output[-3000:]
+    assert _steps(run_dir) == [0, 1, 2, 3]  # each step logged once: step 2 redone from step 1's state
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r[keys.LOSS]) and r[keys.BATCH_SIZE] == 4 for r in rows[1:-1])
+    assert rows[-1]["final"] is True and _latest_step(run_dir) == 3
+    assert (run_dir / "checkpoints" / "ckpt-3" / "model.safetensors").exists()  # rank 0 saved it
