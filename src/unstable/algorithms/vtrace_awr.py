@@ -121,7 +121,6 @@ class VTraceAWR(BaseAlgo):
             keys.AWR_WEIGHT_MAX: weights.max().item(),
         }
 
-    @torch.no_grad()
     def check_num_learners(self, num_learners: int) -> None:
         """Refuses several learners: its minibatches are not split into shards (see the error)."""
         if num_learners > 1:
@@ -131,6 +130,7 @@ class VTraceAWR(BaseAlgo):
                 "do not reproduce; use learner.num_learners 1"
             )
 
+    @torch.no_grad()
     def _cache(self, steps: list[Step], policy: TrainablePolicy) -> _Cache:
         """One forward pass without gradients: every step's decision encoding and summed log-probs (row i of
         each tensor is `steps[i]`)."""
