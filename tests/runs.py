@@ -15,6 +15,7 @@ The tests of the paths users take (engine x fine-tuning x dtype x inference acto
 | vLLM, full fine-tuning | `test_vllm_backend`: no failed game, the new weights serve |
 | LoRA warm start, killed in it and twice in RL, resumed each time | `test_resume_kill` |
 | transformers, full fine-tuning, every weight load failing | `test_faults`: the run stops with the cause, status 1 |
+| two learner actors (gloo), killed after a row and resumed | `test_learners`: each step logged once |
 """
 
 from pathlib import Path

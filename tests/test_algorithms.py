@@ -432,6 +432,9 @@ def test_algorithms_train_through_the_interface_not_the_learner():
             self.table = torch.zeros(2, requires_grad=True)
             self.steps_taken = 0
 
+        def shard(self, steps):
+            return steps
+
         def micro_batches(self, steps):
             return micro_batches(steps, pad_id=0, token_budget=100)
 

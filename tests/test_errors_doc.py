@@ -242,6 +242,23 @@ CASES = [
         _with("buffer.step_reward_transforms=[{name: DiscountLaterDecisions, args: {discount: 0}}]"),
         "discount",
     ),
+    (
+        "a batch that does not split over the learners",
+        _with("learner.batch_size=6", "learner.num_learners=4"),
+        "num_learners",
+    ),
+    (
+        "several learners for vtrace_awr",
+        _with("learner.algorithm.name=vtrace_awr", "learner.num_learners=2"),
+        "num_learners",
+    ),
+    ("several learners for sft", _with("learner.algorithm.name=sft", "learner.num_learners=2"), "num_learners"),
+    (
+        "ppo minibatches that do not split over the learners",
+        _with("learner.algorithm.name=ppo", "learner.algorithm.args={minibatch_size: 3}", "learner.num_learners=2"),
+        "minibatch_size",
+    ),
+    ("more learner GPUs than the machine has", _with("learner.num_gpus=1", "learner.num_learners=2"), "num_learners"),
 ]
 
 

@@ -17,6 +17,8 @@ only at a game's end, so there is no discount on V(s'_i) (a `DiscountLaterDecisi
 configured, already shapes r_i).
 The value loss trains the head and, through the shared hidden state, the policy's own weights. One optimizer
 step per batch; the head's parameters join the learner's optimizer (at `value_lr`). D as in `Reinforce`.
+Data-parallel learners each take an equal shard of the batch (both losses are means over steps); the head's
+gradients are averaged with the policy's.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ class A2C(BaseAlgo):
         self.value_head = attach_value_head(policy, self.value_hidden_sizes, self.value_lr)
 
     def update(self, steps: list[Step], policy: TrainablePolicy) -> dict[str, float]:
-        """One gradient step over the whole batch."""
+        """One gradient step over the whole batch (this learner's shard of it)."""
+        steps = policy.shard(steps)
         n = len(steps)
         targets = self.targets(steps, policy)  # (N,)
         totals = {keys.LOSS: 0.0, keys.PG_LOSS: 0.0, keys.VALUE_LOSS: 0.0, keys.VALUE_MEAN: 0.0}

@@ -5,6 +5,11 @@ it asks for micro-batches and log-probs, calls `backward` on its own losses and 
 `optimizer_step()` (once per batch for REINFORCE, several epochs of minibatches for PPO). As in the original API,
 `prepare_batch` turns steps into tensors and `update` computes the loss and steps. Algorithms never import
 the learner.
+
+With several data-parallel learners every rank's `update` gets the whole batch and trains on its
+`policy.shard(...)` of each part it steps on (the batch, a minibatch); the gradients are averaged in
+`optimizer_step`, so the update is one learner's when the loss is a mean over steps. An algorithm whose update
+cannot be split that way refuses in `check_num_learners`.
 """
 
 from __future__ import annotations
@@ -34,6 +39,11 @@ class BaseAlgo(ABC):
     @abstractmethod
     def update(self, steps: list[Step], policy: TrainablePolicy) -> dict[str, float]:
         """Train on one batch of steps; return metrics named by `unstable.tracking.keys`."""
+
+    def check_num_learners(self, num_learners: int) -> None:
+        """Raise ValueError, saying why, when `num_learners` data-parallel learners cannot split this algorithm's
+        update into equal shards whose averaged gradients equal one learner's on the whole batch."""
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         """What the algorithm learned or counted beyond the model (value heads, multipliers, RNG); none here."""

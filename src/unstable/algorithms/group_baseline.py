@@ -7,7 +7,8 @@ A group is the set of decisions sampled from one copied game state (`games.branc
 so they saw the same prompt, as in GRPO. A step whose group has no other member in the batch (no branching,
 an env that could not be copied, a group the buffer split) falls back to the group of the batch's ungrouped
 steps of the same env and role. The advantage travels to the loss in the `reward` field of a copy of each
-step; the loss itself is `Reinforce`'s.
+step; the loss itself is `Reinforce`'s. The advantages are computed on the whole batch before data-parallel
+learners take their shards of it, so every group keeps its baseline however the batch is split.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ Per completion token t of step i, with r_it = exp(logp_it - logp_behaviour_it) a
 The ratio is taken against the recorded `behaviour_logprobs`, the asynchronous sampler's policy, so the clip
 bounds how far an update moves from the policy that produced the data however stale it is. `epochs` passes
 over shuffled minibatches of `minibatch_size` steps (None: the whole batch), one optimizer step each.
-D as in `Reinforce`.
+D as in `Reinforce`. Data-parallel learners whiten and shuffle the whole batch alike (one seed) and each trains on
+its equal shard of every minibatch, so each takes the same optimizer steps and their average is one learner's
+(the KL and entropy terms are token means per micro-batch, as in `Reinforce`'s KL).
 """
 
 from __future__ import annotations
@@ -64,8 +66,17 @@ class PPO(BaseAlgo):
         for epoch in range(self.epochs):
             order = self.rng.sample(steps, len(steps))
             for start in range(0, len(order), size):
-                self._minibatch_step(order[start : start + size], policy, logs, first_epoch=epoch == 0)
+                minibatch = policy.shard(order[start : start + size])
+                self._minibatch_step(minibatch, policy, logs, first_epoch=epoch == 0)
         return {k: sum(v) / len(v) for k, v in logs.items()}
+
+    def check_num_learners(self, num_learners: int) -> None:
+        """Every minibatch must split into equal shards: `minibatch_size` a multiple of `num_learners`."""
+        if self.minibatch_size is not None and self.minibatch_size % num_learners:
+            raise ValueError(
+                f"ppo's minibatch_size {self.minibatch_size} does not split into {num_learners} equal shards "
+                f"(learner.num_learners {num_learners}): make it a multiple"
+            )
 
     def _minibatch_step(
         self, steps: list[Step], policy: TrainablePolicy, logs: dict[str, list[float]], first_epoch: bool

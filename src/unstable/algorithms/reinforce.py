@@ -9,7 +9,9 @@ A_i is the step's reward after the reward transforms (their baselines make it an
 constant `max_generation_len` when given (Dr. GRPO's unbiased normaliser, as in the original API) or the completion's
 own length otherwise. The KL term (as in GRPO) keeps probability on moves the warm start plays, so a move whose
 value shows late (folding a Jack in Kuhn Poker) is still sampled when its gradient arrives. One optimizer step
-per batch, gradients accumulated over micro-batches.
+per batch, gradients accumulated over micro-batches. Data-parallel learners each take an equal shard of the batch:
+pg_loss is a mean over steps, so the shards' average is the batch's; the KL term is a token mean per micro-batch
+weighted by its rows, as with one learner whose micro-batches are the shards'.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ class Reinforce(BaseAlgo):
         self.ref_kl_coef = ref_kl_coef
 
     def update(self, steps: list[Step], policy: TrainablePolicy) -> dict[str, float]:
-        """One gradient step over the whole batch."""
+        """One gradient step over the whole batch (this learner's shard of it)."""
+        steps = policy.shard(steps)
         n = len(steps)
         pg_loss_total, ref_kl_total = 0.0, 0.0
         for batch in self.prepare_batch(steps, policy):

@@ -17,6 +17,14 @@ from unstable.tracking import keys
 class SFT(BaseAlgo):
     """Masked mean negative log-likelihood over completion tokens."""
 
+    def check_num_learners(self, num_learners: int) -> None:
+        """Refuses several learners: the loss is a mean over tokens, not steps (see the error)."""
+        if num_learners > 1:
+            raise ValueError(
+                f"sft cannot run on {num_learners} learners: its loss is a mean over the batch's completion tokens, "
+                "which the mean of equal shards' token means is not; use learner.num_learners 1"
+            )
+
     def update(self, steps: list[Step], policy: TrainablePolicy) -> dict[str, float]:
         """One gradient step over the whole batch."""
         batches = self.prepare_batch(steps, policy)

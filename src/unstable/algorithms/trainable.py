@@ -33,6 +33,10 @@ class TrainablePolicy(Protocol):
     device: str
     hidden_size: int
 
+    def shard(self, steps: list[Step]) -> list[Step]:
+        """This learner's equal part of `steps` when data-parallel learners share them (all of `steps` for one);
+        every learner's gradients are averaged in `optimizer_step`."""
+
     def micro_batches(self, steps: list[Step]) -> list[TokenBatch]:
         """Token-budget micro-batches of `steps` on the device; `TokenBatch.rows` index into `steps`."""
 
@@ -49,4 +53,5 @@ class TrainablePolicy(Protocol):
         """Train extra parameters (a value head) with the same optimizer, at `lr` if given."""
 
     def optimizer_step(self) -> float:
-        """Clip, step and zero the gradients; return the pre-clip gradient norm."""
+        """Average the gradients over the data-parallel learners, clip, step and zero them; return the pre-clip
+        gradient norm."""

@@ -121,6 +121,15 @@ class VTraceAWR(BaseAlgo):
             keys.AWR_WEIGHT_MAX: weights.max().item(),
         }
 
+    def check_num_learners(self, num_learners: int) -> None:
+        """Refuses several learners: its minibatches are not split into shards (see the error)."""
+        if num_learners > 1:
+            raise ValueError(
+                f"vtrace_awr cannot run on {num_learners} learners: it fits its value head on minibatches of the whole "
+                "batch's cached encodings and steps its KL multiplier on each minibatch's KL, which equal shards "
+                "do not reproduce; use learner.num_learners 1"
+            )
+
     @torch.no_grad()
     def _cache(self, steps: list[Step], policy: TrainablePolicy) -> _Cache:
         """One forward pass without gradients: every step's decision encoding and summed log-probs (row i of

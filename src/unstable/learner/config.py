@@ -210,7 +210,17 @@ class LearnerConfig(Settings):
     num_threads: int | None = Field(
         1, ge=1, le=MAX_THREADS, description="torch threads of the learner process (None: torch's choice)"
     )
-    num_gpus: float = Field(0.0, ge=0.0, description="GPUs of the learner actor; > 0 puts the model on cuda")
+    num_gpus: float = Field(
+        0.0, ge=0.0, description="GPUs of each learner actor (of each rank); > 0 puts the model on cuda"
+    )
+    num_learners: int = Field(
+        1,
+        ge=1,
+        description="data-parallel learner actors in one torch.distributed group (gloo on the CPU, NCCL on GPUs): "
+        "each trains on batch_size / num_learners steps of every batch, gradients averaged; rank 0 runs the loop "
+        "(batches, checkpoints, rows, resume state). With max_staleness, the fresh steps of a batch are cut to a "
+        "multiple of num_learners",
+    )
     poll_interval_s: float = Field(0.05, gt=0.0, description="how often the loop asks the buffer for a batch")
     policy: PolicyConfig = PolicyConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
@@ -231,6 +241,16 @@ class LearnerConfig(Settings):
                 f"policy.mini_batch_size {size} is larger than batch_size {self.batch_size}: "
                 "a mini-batch is a part of a batch"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _shards_equal(self) -> LearnerConfig:
+        if self.batch_size % self.num_learners:
+            raise ValueError(
+                f"batch_size {self.batch_size} does not split into {self.num_learners} equal shards "
+                f"(num_learners {self.num_learners}): make it a multiple"
+            )
+        self.algorithm.build().check_num_learners(self.num_learners)
         return self
 
     @property

@@ -1,9 +1,13 @@
 """The Learner: the optimizer, the algorithm and the update counter around a `PolicyModel`.
 
-It implements `TrainablePolicy` for its algorithm (micro-batches, forward, ratio tracking, extra parameters,
-optimizer steps) and nothing else: it never polls a buffer, registers checkpoints or logs. The loop that does
-(`unstable.runtime.loop.LearnerLoop`) holds a Learner. `state_dict`/`load_state_dict` cover everything the
-Learner owns, for resume.
+It implements `TrainablePolicy` for its algorithm (shards, micro-batches, forward, ratio tracking, extra
+parameters, optimizer steps) and nothing else: it never polls a buffer, registers checkpoints or logs. The loop
+that does (`unstable.runtime.loop.LearnerLoop`) holds a Learner. `state_dict`/`load_state_dict` cover everything
+the Learner owns, for resume.
+
+With several data-parallel learners (`learner.num_learners`) each rank holds a Learner whose `parallel` joins it to
+the others: every rank runs `train_step` on the whole batch, its algorithm trains on the rank's shard, and the
+gradients, the ratio statistics and the metrics are averaged over the ranks (`learner.parallel`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from unstable.algorithms.base import BaseAlgo
 from unstable.algorithms.batching import TokenBatch
 from unstable.algorithms.trainable import PolicyOutput
 from unstable.learner.config import LearnerConfig
+from unstable.learner.parallel import DataParallel
 from unstable.learner.policy_model import PolicyModel
 from unstable.learner.schedule import lr_factor
 from unstable.records import Step
@@ -30,10 +35,14 @@ log = logging.getLogger(__name__)
 
 
 class Learner:
-    """Updates `policy` with `algorithm` under `cfg` (learning rate, gradient clip, staleness bound)."""
+    """Updates `policy` with `algorithm` under `cfg` (learning rate, gradient clip, staleness bound), as rank
+    `parallel.rank` of `parallel.world_size` data-parallel learners (one by default)."""
 
-    def __init__(self, policy: PolicyModel, algorithm: BaseAlgo, cfg: LearnerConfig):
+    def __init__(
+        self, policy: PolicyModel, algorithm: BaseAlgo, cfg: LearnerConfig, parallel: DataParallel | None = None
+    ):
         self.policy = policy
+        self.parallel = parallel or DataParallel()
         self.algorithm = algorithm
         self.cfg = cfg
         self.step = 0
@@ -42,20 +51,24 @@ class Learner:
         self.skipped = {"update": 0, "in_a_row": 0, "total": 0}
 
     @classmethod
-    def build(cls, model_path: str, algorithm: BaseAlgo, cfg: LearnerConfig, *, dtype: str = "float32") -> Learner:
+    def build(
+        cls, model_path: str, algorithm: BaseAlgo, cfg: LearnerConfig, *, dtype: str = "float32", rank: int = 0
+    ) -> Learner:
         """A Learner of `model_path` (weights in `dtype`) shaped by `cfg.policy`, on `cfg.device` with
-        `cfg.num_threads` torch threads."""
+        `cfg.num_threads` torch threads, as rank `rank` of `cfg.num_learners` (it joins them with `parallel.join`)."""
         policy = PolicyModel(model_path, cfg.policy, dtype=dtype, device=cfg.device, num_threads=cfg.num_threads)
-        return cls(policy, algorithm, cfg)
+        return cls(policy, algorithm, cfg, DataParallel(rank, cfg.num_learners, cfg.device))
 
     def initialize(self) -> None:
-        """Load the model, build the optimizer, let the algorithm add its parameters. Idempotent."""
+        """Load the model, build the optimizer, let the algorithm add its parameters, take rank 0's trainable
+        weights (every rank calls it together). Idempotent."""
         if self.optimizer is not None:
             return
         self.policy.load()
         rate = self.cfg.optimizer.learning_rate  # "base_lr": the rate the schedule scales (_schedule_learning_rate)
         self.optimizer = torch.optim.AdamW([{"params": self.policy.trainable_parameters(), "base_lr": rate}], lr=rate)
         self.algorithm.initialize(self)
+        self.parallel.broadcast_parameters(self._parameters())
 
     # ---- TrainablePolicy: what the algorithm sees -----------------------------------------------------------
     @property
@@ -67,6 +80,10 @@ class Learner:
     def hidden_size(self) -> int:
         """Width of the policy model's decision-state encodings."""
         return self.policy.hidden_size
+
+    def shard(self, steps: list[Step]) -> list[Step]:
+        """This learner's equal part of `steps` (all of them for one learner); see `DataParallel.shard`."""
+        return self.parallel.shard(steps)
 
     def micro_batches(self, steps: list[Step]) -> list[TokenBatch]:
         """Token-budget micro-batches of `steps` on the device."""
@@ -96,12 +113,13 @@ class Learner:
         self.optimizer.add_param_group(group | {"lr": group["base_lr"]})
 
     def optimizer_step(self) -> float:
-        """Clip, step and zero the gradients; returns the pre-clip gradient norm.
+        """Average the gradients over the learners, clip, step and zero them; returns the pre-clip gradient norm.
 
         A non-finite gradient (a NaN or inf loss) is dropped without stepping, counted and logged; more than
         `cfg.optimizer.max_skipped_updates` such steps in a row stop the run, since the weights will not recover.
         """
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        params = self._parameters()
+        self.parallel.average_gradients(params)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.optimizer.grad_clip)
         if torch.isfinite(grad_norm):
             self.optimizer.step()
@@ -110,6 +128,10 @@ class Learner:
             self._skip(float(grad_norm))
         self.optimizer.zero_grad(set_to_none=True)
         return float(grad_norm)
+
+    def _parameters(self) -> list[torch.nn.Parameter]:
+        """Every parameter the optimizer trains (the policy's and the algorithm's), in a fixed order."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
 
     def _skip(self, grad_norm: float) -> None:
         for counter in self.skipped:
@@ -127,21 +149,28 @@ class Learner:
         return self.step - max(step.policy_version, 0)
 
     def drop_stale(self, steps: list[Step]) -> tuple[list[Step], int]:
-        """`steps` without those more than `cfg.max_staleness` updates old, and how many were dropped."""
+        """`steps` without those more than `cfg.max_staleness` updates old, and how many were dropped. With
+        several learners the fresh steps are also cut to a multiple of their number (equal shards); the few cut
+        off count as dropped."""
         if self.cfg.max_staleness is None:
             return steps, 0
         fresh = [s for s in steps if self.staleness(s) <= self.cfg.max_staleness]
+        fresh = fresh[: len(fresh) - len(fresh) % self.parallel.world_size]
         return fresh, len(steps) - len(fresh)
 
     def train_step(self, steps: list[Step]) -> dict[str, float]:
-        """One algorithm update on `steps`; returns its metrics plus batch statistics."""
+        """One algorithm update on `steps`; returns its metrics plus batch statistics.
+
+        With several learners every rank calls it with the whole batch at once; the metrics are the ranks' mean
+        (the ratios' over all their tokens) and the batch statistics the whole batch's."""
         self.initialize()
         start = time.perf_counter()
         staleness = [self.staleness(s) for s in steps]
         self._ratios = _RatioStats()
         self.skipped["update"] = 0
         rate = self._schedule_learning_rate()
-        metrics = self.algorithm.update(steps, self) | self._ratios.metrics()
+        metrics = self.parallel.average_metrics(self.algorithm.update(steps, self))
+        metrics |= self._ratios.over(self.parallel).metrics()
         self.step += 1
         seconds = time.perf_counter() - start
         tokens = sum(len(s.prompt_token_ids) + len(s.completion_token_ids) for s in steps)
@@ -207,10 +236,17 @@ class _RatioStats:
     max: float = 0.0
 
     def add(self, ratios: torch.Tensor) -> None:
+        """Count `ratios`, `(n,)`."""
         if ratios.numel():
             self.total += float(ratios.sum())
             self.count += ratios.numel()
             self.max = max(self.max, float(ratios.max()))
+
+    def over(self, parallel: DataParallel) -> _RatioStats:
+        """These statistics combined over the learners of `parallel` (every rank's tokens)."""
+        total, count = parallel.all_reduce([self.total, self.count])
+        (largest,) = parallel.all_reduce([self.max], "max")
+        return _RatioStats(total, int(count), largest)
 
     def metrics(self) -> dict[str, float]:
         """`learner/ratio_mean` and `learner/ratio_max`, or nothing if no ratio was recorded."""

@@ -27,6 +27,7 @@ from unstable.collector import Collector
 from unstable.collector.config import MAX_GAMES_IN_FLIGHT, CollectorConfig
 from unstable.inference import InferenceClient, InferenceConfig, InferenceServer
 from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
+from unstable.learner.parallel import DataParallel, free_port
 from unstable.pool import ModelPool
 from unstable.pool.config import PoolConfig
 from unstable.runtime.loop import LearnerLoop
@@ -311,6 +312,8 @@ class LearnerActor(LearnerLoop):
     path passes a whole `cfg` instead of the original API's keywords. Checkpoints go under the tracker's run directory.
     The model trains on cuda when Ray gave this actor a GPU and torch sees one. It has no sampling settings of its
     own: each step is scored under the temperature and top_p it was sampled with (the Collector's `vllm_config`).
+    With `num_learners` > 1 it is rank 0 of that many data-parallel learners: it starts the other ranks' actors
+    (`LearnerRankActor`, each with `num_gpus`) and joins them in one process group at its node's address.
     """
 
     def __init__(
@@ -339,8 +342,16 @@ class LearnerActor(LearnerLoop):
         policy = PolicyModel(model_name, cfg.policy, dtype=dtype, device=cfg.device, num_threads=cfg.num_threads)
         run_dir = ray.get(tracker.get_run_dir.remote())
         log_to_run_dir(run_dir, "learner")
+        if cfg.num_learners > 1:
+            ranks = [
+                LearnerRankActor.options(num_gpus=cfg.num_gpus).remote(model_name, algorithm, cfg, rank, run_dir, dtype)
+                for rank in range(1, cfg.num_learners)
+            ]
+            learner = RankZeroLearner(policy, algorithm, cfg, ranks)
+        else:
+            learner = Learner(policy, algorithm, cfg)
         super().__init__(
-            Learner(policy, algorithm, cfg),
+            learner,
             RemoteProxy(step_buffer),
             RemoteProxy(model_pool),
             RemoteProxy(tracker),
@@ -355,3 +366,54 @@ class LearnerActor(LearnerLoop):
             self.close()
             self.step_buffer.stop_collection()
         return rows
+
+
+@ray.remote(**SHELL)
+class LearnerRankActor(Learner):
+    """Rank `rank` (> 0) of `cfg.num_learners` data-parallel learners, started by the rank-0 `LearnerActor`, which
+    calls it together with its own learner (`RankZeroLearner`): it trains on its shard of each batch and saves,
+    registers and logs nothing. Its warnings go to `run_dir/logs/learner-<rank>.log`."""
+
+    def __init__(self, model_name: str, algorithm: BaseAlgo, cfg: LearnerConfig, rank: int, run_dir: str, dtype: str):
+        log_to_run_dir(run_dir, f"learner-{rank}")
+        policy = PolicyModel(model_name, cfg.policy, dtype=dtype, device=cfg.device, num_threads=cfg.num_threads)
+        super().__init__(policy, algorithm, cfg, DataParallel(rank, cfg.num_learners, cfg.device))
+
+    def join(self, address: str, port: int) -> None:
+        """Join the learners' process group at rank 0's `address:port`."""
+        self.parallel.join(address, port)
+
+
+class RankZeroLearner(Learner):
+    """Rank 0 of data-parallel learners, inside the `LearnerActor`: the calls every rank makes together (joining,
+    `initialize` with its weight broadcast, `train_step`, `load_state_dict`) are sent to the other ranks' actors
+    (`ranks`, in rank order) and then run here, since the collectives inside them wait for every rank."""
+
+    def __init__(self, policy: PolicyModel, algorithm: BaseAlgo, cfg: LearnerConfig, ranks: list):
+        super().__init__(policy, algorithm, cfg, DataParallel(0, cfg.num_learners, cfg.device))
+        self.ranks = ranks
+        address, port = ray.util.get_node_ip_address(), free_port()
+        self._with_ranks("join", self.parallel.join, address, port)
+
+    def initialize(self) -> None:
+        """Initialize every rank (rank 0's weights are broadcast to the others); idempotent."""
+        if self.optimizer is None:
+            self._with_ranks("initialize", super().initialize)
+
+    def train_step(self, steps: list) -> dict[str, Any]:
+        """Every rank's update on its shard of `steps`; returns the metrics averaged over the ranks."""
+        return self._with_ranks("train_step", super().train_step, steps)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore rank 0's saved `state` on every rank."""
+        self.initialize()
+        self._with_ranks("load_state_dict", super().load_state_dict, state)
+
+    def _with_ranks(self, method: str, here, *args):
+        """Call `method` on the other ranks' actors, then `here` (rank 0's own), with `args` put in Ray's object
+        store once; returns rank 0's result once every rank finished."""
+        shared = [ray.put(arg) for arg in args]
+        others = [getattr(rank, method).remote(*shared) for rank in self.ranks]
+        result = here(*args)
+        ray.get(others)
+        return result

@@ -286,12 +286,14 @@ def check_resources(cfg: RunConfig) -> None:
     cluster given by RAY_ADDRESS is not checked here)."""
     import torch
 
-    needed = cfg.learner.num_gpus + cfg.inference.num_gpus * cfg.inference.num_actors
+    learner, inference = cfg.learner, cfg.inference
+    needed = learner.num_gpus * learner.num_learners + inference.num_gpus * inference.num_actors
     have = torch.cuda.device_count()
     if needed > have and "RAY_ADDRESS" not in os.environ:
         raise ConfigError(
-            f"inference.num_gpus = {cfg.inference.num_gpus} x inference.num_actors = {cfg.inference.num_actors} + "
-            f"learner.num_gpus = {cfg.learner.num_gpus}: {needed} GPUs, but this machine has {have}"
+            f"inference.num_gpus = {inference.num_gpus} x inference.num_actors = {inference.num_actors} + "
+            f"learner.num_gpus = {learner.num_gpus} x learner.num_learners = {learner.num_learners}: {needed} GPUs, "
+            f"but this machine has {have}"
         )
 
 

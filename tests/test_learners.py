@@ -1,0 +1,204 @@
+"""Several data-parallel learners: two ranks (gloo, two processes) end with the weights one learner reaches on the
+same global batches, for every algorithm that shards; those that cannot shard exactly are refused; through
+`unstable train`, two learner actors train, log each step once and resume after a kill."""
+
+import json
+import math
+import random
+import socket
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from unstable.algorithms import ALGORITHMS
+from unstable.learner import Learner, LearnerConfig
+from unstable.learner.parallel import DataParallel
+from unstable.records import Step
+from unstable.tracking import keys
+
+from .runs import EXAMPLE, tiny_run
+from .test_resume_kill import _kill_when_paused, _latest_step, _start, _steps
+
+# algorithm name and arguments: each path that splits a batch (per batch, per minibatch of shuffled epochs, after
+# batch-wide advantages, with a value head bootstrapping on next states)
+SHARDED = [
+    ("reinforce", {}),
+    ("group_baseline", {"scale_by_std": True}),
+    ("ppo", {"epochs": 2, "minibatch_size": 4, "whiten_advantages": True}),
+    ("a2c", {"bootstrap": 0.5, "value_hidden_sizes": [8]}),
+]
+BATCH, STEPS = 8, 3
+RANKS_TIMEOUT_S = 600
+
+
+def _batches() -> list[list[Step]]:
+    """`STEPS` global batches of `BATCH` steps of varied lengths, rewards, groups and next states."""
+    rng = random.Random(0)
+    batches = []
+    for _ in range(STEPS):
+        batch = []
+        for i in range(BATCH):
+            completion = tuple(rng.randrange(5, 60) for _ in range(rng.randint(1, 4)))
+            batch.append(
+                Step(
+                    "E",
+                    i % 2,
+                    0,
+                    "o",
+                    "a",
+                    prompt_token_ids=tuple(rng.randrange(5, 60) for _ in range(rng.randint(2, 6))),
+                    completion_token_ids=completion,
+                    behaviour_logprobs=tuple(-rng.uniform(0.5, 4.0) for _ in completion),
+                    reward=rng.choice([-1.0, 0.0, 1.0]),
+                    group_id=f"g{rng.randrange(3)}" if i < 6 else None,
+                    next_prompt_token_ids=tuple(rng.randrange(5, 60) for _ in range(3)) if i % 3 else (),
+                )
+            )
+        batches.append(batch)
+    return batches
+
+
+def _config(num_learners: int, name: str, args: dict) -> LearnerConfig:
+    return LearnerConfig(
+        batch_size=BATCH,
+        num_learners=num_learners,
+        policy={"lora": {"lora_rank": 4, "lora_alpha": 8}},
+        optimizer={"learning_rate": 1e-3},
+        algorithm={"name": name, "args": args},
+    )
+
+
+def _train(model_dir: str, cfg: LearnerConfig, rank: int = 0, port: int | None = None) -> dict[str, torch.Tensor]:
+    """The trainable weights (the policy's and the algorithm's) after `STEPS` updates on `_batches()`; rank `rank`
+    of `cfg.num_learners` joins the others at `port` first."""
+    torch.manual_seed(rank)  # a different LoRA start on each rank: the broadcast from rank 0 must even them out
+    learner = Learner.build(model_dir, cfg.algorithm.build(), cfg, rank=rank)
+    if port is not None:
+        learner.parallel.join("127.0.0.1", port)
+    try:
+        learner.initialize()
+        for batch in _batches():
+            learner.train_step(batch)
+        state = learner.state_dict()
+    finally:
+        learner.parallel.close()
+    return state["policy"] | {f"algorithm.{k}": v for k, v in state["algorithm"].get("value_head", {}).items()}
+
+
+def _rank(rank: int, model_dir: str, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    results = {
+        name: _train(model_dir, _config(2, name, args), rank, port + i) for i, (name, args) in enumerate(SHARDED)
+    }
+    torch.save(results, f"{out}/rank{rank}.pt")
+
+
+def _free_ports(count: int) -> int:
+    """A port number whose `count` successors are free too (checked now, so very likely still free soon)."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            start = probe.getsockname()[1]
+        if start + count < 65536 and all(_port_free(start + i) for i in range(count)):
+            return start
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def test_two_learner_ranks_reach_the_weights_of_one_learner_on_the_same_global_batches(
+    tiny_model_dir, tmp_path, one_torch_thread
+):
+    ranks = mp.spawn(_rank, args=(tiny_model_dir, _free_ports(len(SHARDED)), str(tmp_path)), nprocs=2, join=False)
+    deadline = time.monotonic() + RANKS_TIMEOUT_S
+    while not ranks.join(timeout=5):  # raises when a rank fails
+        if time.monotonic() > deadline:
+            for process in ranks.processes:
+                process.kill()
+            pytest.fail(f"the two learner ranks did not finish in {RANKS_TIMEOUT_S} s (a collective hangs?)")
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    for name, args in SHARDED:
+        torch.manual_seed(0)
+        one = _train(tiny_model_dir, _config(1, name, args))
+        torch.manual_seed(0)
+        start = Learner.build(tiny_model_dir, ALGORITHMS[name](**args), _config(1, name, args))
+        start.initialize()
+        initial = start.policy.trainable_state()
+        assert ranks[0][name].keys() == ranks[1][name].keys() == one.keys()
+        moved = max((one[k] - initial[k]).abs().max().item() for k in initial)
+        assert moved > 1e-4, f"{name}: the updates barely moved the weights, the comparison would say nothing"
+        for key, value in one.items():
+            torch.testing.assert_close(ranks[0][name][key], ranks[1][name][key], rtol=0, atol=0, msg=f"{name} {key}")
+            torch.testing.assert_close(ranks[0][name][key], value, rtol=1e-4, atol=2e-6, msg=f"{name} {key}")
+
+
+@pytest.mark.parametrize(
+    "name, args, why",
+    [
+        ("vtrace_awr", {}, "value head on minibatches of the whole batch"),
+        ("sft", {}, "completion tokens"),
+        ("ppo", {"minibatch_size": 3}, "minibatch_size 3"),
+    ],
+)
+def test_algorithms_that_cannot_shard_exactly_refuse_several_learners(name, args, why):
+    with pytest.raises(ValueError, match=why):
+        _config(2, name, args)
+    _config(1, name, args)  # one learner is fine
+
+
+def test_batch_size_must_split_into_equal_shards():
+    with pytest.raises(ValueError, match="batch_size 8 does not split into 3 equal shards"):
+        LearnerConfig(batch_size=8, num_learners=3)
+
+
+def test_each_rank_takes_its_own_equal_contiguous_shard():
+    steps = list(range(8))
+    assert [DataParallel(rank, 2).shard(steps) for rank in (0, 1)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert DataParallel().shard(steps) == steps  # one learner: the whole batch
+    with pytest.raises(ValueError, match="7 steps do not split into 2 equal shards"):
+        DataParallel(0, 2).shard(steps[:7])
+
+
+def test_with_max_staleness_the_fresh_steps_are_cut_to_equal_shards():
+    cfg = LearnerConfig(batch_size=4, num_learners=2, max_staleness=1)
+    learner = Learner(None, cfg.algorithm.build(), cfg, DataParallel(0, 2))  # no model: drop_stale needs none
+    learner.step = 3
+    steps = [replace(_batches()[0][0], policy_version=v) for v in (3, 2, 2, 0)]
+    fresh, dropped = learner.drop_stale(steps)
+    assert [s.policy_version for s in fresh] == [3, 2] and dropped == 2  # one stale, one cut off
+
+
+@pytest.mark.slow  # runs of unstable train
+def test_two_learner_actors_through_unstable_train_log_each_step_once_and_resume(tiny_model_dir, tmp_path):
+    overrides = tiny_run(
+        tmp_path,
+        tiny_model_dir,
+        "two-learners",
+        "warm_start=null",
+        "learner.num_learners=2",
+        "learner.num_steps=3",
+        "learner.resume_state.every_steps=1",
+    )
+    run_dir = tmp_path / "two-learners"
+    sets = [arg for o in overrides for arg in ("--set", o)]
+    _kill_when_paused(_start([str(EXAMPLE), *sets], "after-log:2", tmp_path), run_dir)  # step 2 logged, then killed
+    assert (run_dir / "logs" / "learner-1.log").exists()  # rank 1's actor ran
+    assert _steps(run_dir) == [0, 1, 2] and _latest_step(run_dir) == 1
+
+    resumed = _start(["--resume", str(run_dir)], None, tmp_path)
+    output = resumed.communicate(timeout=300)[0].decode()
+    assert resumed.returncode == 0, output[-3000:]
+    assert _steps(run_dir) == [0, 1, 2, 3]  # each step logged once: step 2 redone from step 1's state
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r[keys.LOSS]) and r[keys.BATCH_SIZE] == 4 for r in rows[1:-1])
+    assert rows[-1]["final"] is True and _latest_step(run_dir) == 3
+    assert (run_dir / "checkpoints" / "ckpt-3" / "model.safetensors").exists()  # rank 0 saved it
