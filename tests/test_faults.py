@@ -57,6 +57,9 @@ class _FaultyEngine:
         text = "\x00\ufffd garbage }}{{" if n % 5 == 0 else f"\\boxed{{{self.rng.choice(legal_moves(request.prompt))}}}"
         return GenerationResult(text, (1, 2), (3,), (-0.5,))
 
+    def end_game(self, game):
+        pass
+
 
 class _CrashingEnv:
     """A TextArena env whose third `step` raises."""
@@ -128,6 +131,9 @@ class _EngineThatCannotGenerate:
 
     def generate(self, request):
         raise RuntimeError("the engine cannot generate")
+
+    def end_game(self, game):
+        pass
 
 
 def test_when_every_training_game_fails_the_learner_stops_with_the_cause_instead_of_waiting(tiny_model_dir, tmp_path):

@@ -1,16 +1,25 @@
-"""Spreading requests over several inference servers, and the server's pass-through for self-batching backends."""
+"""Routing requests over several inference servers (by game, within a load bound); the server's pass-through for
+self-batching backends."""
 
 import pickle
+import random
 import sys
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
+from unstable.buffer import StepBuffer
+from unstable.collector import Collector
+from unstable.collector.config import CollectorConfig
 from unstable.config import ConfigError, validate_config
+from unstable.games.moves import legal_moves
 from unstable.inference import InferenceClient, InferenceConfig, InferenceServer
-from unstable.records import Checkpoint, GenerationRequest, GenerationResult
+from unstable.pool import ModelPool
+from unstable.pool.config import PoolConfig
+from unstable.records import Checkpoint, EnvSpec, GenerationRequest, GenerationResult
+from unstable.tracking import Tracker
 
 RESULT = GenerationResult("x", (1, 2), (3, 4, 5), (-0.1, -0.2, -0.3))
 
@@ -57,6 +66,99 @@ def test_requests_go_to_the_server_with_fewest_in_flight():
     gate.set()
     blocked.join()
     assert slow.seen == ["waits"] and fast.seen == ["0", "1", "2"]
+
+
+def _hold(client, game, gate_server, count):
+    """Start `count` requests of `game` through `client` on threads; they block until `gate_server`'s gate opens.
+    Returns the threads once every one of them is in flight on `gate_server`."""
+    before = len(gate_server.seen)
+    threads = [
+        threading.Thread(target=client.generate, args=(GenerationRequest("held", game=game),)) for _ in range(count)
+    ]
+    for thread in threads:
+        thread.start()
+    while len(gate_server.seen) < before + count:
+        time.sleep(0.001)
+    return threads
+
+
+def test_a_game_stays_on_the_server_it_first_went_to_within_the_load_bound():
+    gate = threading.Event()
+    a, b = _FakeServer("a", gate), _FakeServer("b")
+    client = InferenceClient([a, b])
+    held = _hold(client, game=1, gate_server=a, count=1)  # game 1 starts on a (a tie: a first) and waits there
+    a.gate = None
+    client.generate(GenerationRequest("g2", game=2))  # a new game goes to the least busy server: b
+    for turn in range(3):  # a has 1 in flight, b none: game 2 stays on b ...
+        client.generate(GenerationRequest(f"g2-{turn}", game=2))
+    a.gate = gate
+    more = _hold(client, game=1, gate_server=a, count=1)  # ... and game 1 stays on a although a is busier
+    gate.set()
+    for thread in held + more:
+        thread.join(timeout=10)
+    assert a.seen == ["held", "held"] and b.seen == ["g2", "g2-0", "g2-1", "g2-2"]
+
+
+def test_a_game_moves_to_the_least_busy_server_when_its_own_has_too_many_in_flight():
+    gate_a, gate_b = threading.Event(), threading.Event()
+    a, b = _FakeServer("a", gate_a), _FakeServer("b", gate_b)
+    client = InferenceClient([a, b])
+    held = _hold(client, game=1, gate_server=a, count=1)  # game 1 lives on a
+    on_b = _hold(client, game=2, gate_server=b, count=1)  # game 2 goes to b: 1 in flight on each
+    held += _hold(client, game=1, gate_server=a, count=2)  # a: 1, then 2 in flight <= 2 x 1 + 2: game 1 stays
+    gate_b.set()
+    on_b[0].join(timeout=10)  # now a has 3 in flight and b none
+    client.generate(GenerationRequest("moved", game=1))  # 3 > 2 x 0 + 2: game 1 moves to b ...
+    client.generate(GenerationRequest("stays", game=1))  # ... and stays there
+    gate_a.set()
+    for thread in held:
+        thread.join(timeout=10)
+    assert a.seen == ["held"] * 3 and b.seen == ["held", "moved", "stays"]
+
+
+def test_a_finished_game_is_forgotten_so_the_client_holds_only_games_in_flight():
+    a, b = _FakeServer("a"), _FakeServer("b")
+    client = InferenceClient([a, b])
+    for game in range(1000):  # a long run: many games, each forgotten when it ends
+        client.generate(GenerationRequest("first", game=game))
+        client.generate(GenerationRequest("second", game=game))
+        client.end_game(game)
+    assert len(client._games) == 0
+    client.end_game(5)  # a game never seen (or ended twice) is fine
+    assert len(a.seen) == len(b.seen) == 1000
+
+
+class _LegalMoveServer(_FakeServer):
+    """Answers each TicTacToe request with a legal move; records which game each request named and how many
+    games the client held at that moment."""
+
+    def __init__(self, name, games_held):
+        super().__init__(name)
+        self.games, self.games_held, self.rng = [], games_held, random.Random(name)
+
+    def generate(self, request):
+        self.games.append(request.game)
+        self.games_held.append(len(self.client._games))
+        return GenerationResult(f"\\boxed{{{self.rng.choice(legal_moves(request.prompt))}}}", (1,), (2,), (-0.1,))
+
+
+def test_the_collector_keeps_each_game_on_one_server_and_the_client_forgets_it_when_it_ends(tmp_path):
+    games_held = []
+    servers = [_LegalMoveServer("a", games_held), _LegalMoveServer("b", games_held)]
+    client = InferenceClient(servers)
+    for server in servers:
+        server.client = client
+    pool = ModelPool(PoolConfig(sample_mode="mirror"))
+    pool.add_checkpoint(path=None, iteration=-1)
+    cfg = CollectorConfig(training_envs=[EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")])
+    collector = Collector(client, pool, StepBuffer(4096), Tracker(tmp_path), cfg)
+    with ThreadPoolExecutor(4) as games:
+        records = list(games.map(lambda _: collector.play_one(is_eval=False), range(40)))
+    assert not any(r.failed for r in records)
+    on_a, on_b = set(servers[0].games), set(servers[1].games)
+    assert on_a and on_b and not on_a & on_b  # both served games, and every game stayed on one of them
+    assert on_a | on_b == {r.seed for r in records}  # every request named its game: both seats, every turn
+    assert max(games_held) <= 4 and len(client._games) == 0  # held while in flight, forgotten at the end
 
 
 def test_stats_merge_over_servers_and_the_client_pickles():

@@ -56,10 +56,14 @@ class Opponent:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One prompt to complete with the policy named by `checkpoint` (None: the base model)."""
+    """One prompt to complete with the policy named by `checkpoint` (None: the base model).
+
+    `game` names the game it belongs to (its seed; None: none): an `InferenceClient` keeps a game's requests, every
+    seat's and branch's, on one inference server, whose prefix cache holds the game's earlier prompts."""
 
     prompt: str
     checkpoint: Checkpoint | None = None
+    game: int | None = None
 
 
 @dataclass(frozen=True)

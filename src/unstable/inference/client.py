@@ -1,4 +1,13 @@
-"""Several inference servers behind one `generate`: each request goes to the server with the fewest in flight."""
+"""Several inference servers behind one `generate`: each game stays on one server while the load allows.
+
+The routing rule (cache affinity within a bounded load imbalance, as SGLang's cache-aware router does): a request
+without a game goes to the server with the fewest requests in flight (ties in turn, so sequential callers still
+use every server). A game's first request does the same, and the game stays on that server, where the prefix
+cache holds its earlier prompts (every prompt of a TextArena game repeats the game so far), unless that server has
+more than `IMBALANCE_FACTOR` times the least busy server's requests in flight plus `IMBALANCE_SLACK`: then the
+game moves to the least busy one and stays there. `end_game` forgets a game, so the client holds only the games
+in flight, however long the run.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +19,20 @@ from typing import Any
 from unstable.inference.server import merge_stats
 from unstable.records import GenerationRequest, GenerationResult
 
+# a game leaves its server when that server has more than IMBALANCE_FACTOR x (the least busy one's requests in
+# flight) + IMBALANCE_SLACK in flight: up to about twice the least busy server's queue, a few requests waiting
+# longer cost less than prefilling the game's whole prompt again elsewhere; the slack keeps a few games in flight
+# from hopping between servers over differences of one or two requests
+IMBALANCE_FACTOR = 2
+IMBALANCE_SLACK = 2
+
 
 class InferenceClient:
-    """Spreads requests over `servers` (InferenceServers or proxies to their actors), least outstanding first.
+    """Routes requests over `servers` (InferenceServers or proxies to their actors) by game, within a load bound
+    (the module docstring has the rule).
 
-    Ties go round-robin, so sequential callers still use every server. It pickles (to be handed to the
-    Collector actor); each copy counts only the requests it sent itself.
+    It pickles (to be handed to the Collector actor); each copy counts only the requests it sent itself and keeps
+    its own games.
     """
 
     def __init__(self, servers: Sequence[Any]):
@@ -23,29 +40,48 @@ class InferenceClient:
             raise ValueError("InferenceClient needs at least one server")
         self.servers = list(servers)
         self._outstanding = [0] * len(self.servers)
+        self._games: dict[int, int] = {}  # game -> the server it stays on, for the games in flight
         self._turn = itertools.count()
         self._lock = threading.Lock()
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Complete one request on the least busy server (blocking)."""
-        index = self._pick()
+        """Complete one request on its game's server, or the least busy one (blocking)."""
+        index = self._pick(request.game)
         try:
             return self.servers[index].generate(request)
         finally:
             with self._lock:
                 self._outstanding[index] -= 1
 
+    def end_game(self, game: int) -> None:
+        """Forget `game` (it ended): its server is no longer reserved for it. A game not held is ignored."""
+        with self._lock:
+            self._games.pop(game, None)
+
     def metrics(self) -> dict[str, float]:
         """The servers' throughput since the previous call, merged into one row (see `InferenceServer.stats`)."""
         return merge_stats([server.stats(reset=True) for server in self.servers])
 
-    def _pick(self) -> int:
+    def _pick(self, game: int | None) -> int:
+        """The server for one request of `game` (None: no game), counted in flight there."""
         with self._lock:
-            first = next(self._turn) % len(self.servers)
-            order = [(first + k) % len(self.servers) for k in range(len(self.servers))]
-            index = min(order, key=self._outstanding.__getitem__)
-            self._outstanding[index] += 1
-            return index
+            home = self._games.get(game)
+            if home is None or self._overloaded(home):
+                home = self._least_busy()
+                if game is not None:
+                    self._games[game] = home
+            self._outstanding[home] += 1
+            return home
+
+    def _overloaded(self, index: int) -> bool:
+        """Whether server `index` has too many requests in flight beside the least busy one to keep its games."""
+        return self._outstanding[index] > IMBALANCE_FACTOR * min(self._outstanding) + IMBALANCE_SLACK
+
+    def _least_busy(self) -> int:
+        """The server with the fewest requests in flight; ties in turn."""
+        first = next(self._turn) % len(self.servers)
+        order = [(first + k) % len(self.servers) for k in range(len(self.servers))]
+        return min(order, key=self._outstanding.__getitem__)
 
     def __getstate__(self):
         return {"servers": self.servers}

@@ -109,6 +109,9 @@ class InferenceServer:
                 return future
         return self._submit_direct(request)
 
+    def end_game(self, game: int) -> None:
+        """Nothing to forget: one server serves every game (an `InferenceClient` over several routes by game)."""
+
     def stats(self, reset: bool = True) -> dict[str, float]:
         """Throughput counters since the last reset: requests, batches, generated tokens, tokens/s.
 
