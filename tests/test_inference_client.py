@@ -19,7 +19,7 @@ from unstable.inference import InferenceClient, InferenceConfig, InferenceServer
 from unstable.pool import ModelPool
 from unstable.pool.config import PoolConfig
 from unstable.records import Checkpoint, EnvSpec, GenerationRequest, GenerationResult
-from unstable.tracking import Tracker
+from unstable.tracking import Tracker, keys
 
 RESULT = GenerationResult("x", (1, 2), (3, 4, 5), (-0.1, -0.2, -0.3))
 
@@ -42,6 +42,10 @@ class _FakeServer:
             "inference/tokens_per_s": 10.0,
             "inference/mean_batch_size": float(len(self.seen)),
             "inference/busy_fraction": 0.5 if self.name == "a" else 1.0,
+            "inference/prompt_tokens": 2 * len(self.seen),
+            "inference/cached_prompt_tokens": len(self.seen) if self.name == "a" else 0,
+            "inference/prefix_cache_hit_rate": 0.5 if self.name == "a" else 0.0,
+            "inference/policy_version": 3 if self.name == "a" else -1,
         }
 
 
@@ -170,6 +174,9 @@ def test_stats_merge_over_servers_and_the_client_pickles():
     assert stats["inference/requests"] == 3 and stats["inference/generated_tokens"] == 9
     assert stats["inference/tokens_per_s"] == 20.0 and stats["inference/mean_batch_size"] == 1.5
     assert stats["inference/busy_fraction"] == 0.75
+    assert stats["inference/requests_by_actor"] == [2, 1] and stats["inference/policy_version_by_actor"] == [3, -1]
+    assert stats["inference/prompt_tokens"] == 6 and stats["inference/cached_prompt_tokens"] == 2
+    assert stats["inference/prefix_cache_hit_rate"] == pytest.approx(2 / 6)  # over both servers' prompt tokens
 
 
 def test_num_actors_must_be_positive():
@@ -258,6 +265,40 @@ def test_a_failed_full_weight_load_fails_the_request_naming_it_and_is_retried():
     request = server.submit(GenerationRequest("b", FULL_1))  # the server still serves, and loads what it can
     backend.finish_all()
     assert request.result(timeout=10).served_by == FULL_1 and backend.loads == [("ckpt-1-dir", 0)]
+
+
+def test_the_server_reports_the_newest_policy_it_served():
+    class FullWeightsBackend(_SelfBatchingBackend):
+        def load_weights(self, path):
+            pass
+
+    server = InferenceServer(FullWeightsBackend)
+    server.start()
+    assert server.stats()[keys.INFERENCE_POLICY_VERSION] == -1  # nothing served yet: the initial policy's version
+    server.generate(GenerationRequest("a", FULL_1))
+    server.generate(GenerationRequest("b", BASE))  # an older game's request: served by ckpt-1's weights
+    assert server.stats()[keys.INFERENCE_POLICY_VERSION] == 1
+    assert server.stats()[keys.INFERENCE_POLICY_VERSION] == 1  # not a count: it outlives the reset
+
+
+def test_the_server_counts_the_prompt_tokens_its_prefix_cache_served(tiny_model_dir):
+    from unstable.inference.base import SamplingConfig
+    from unstable.inference.transformers_backend import TransformersBackend
+
+    server = InferenceServer(lambda: TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=2)))
+    server.start()
+    try:
+        prompt = "Current Board: 0 | 1 | 2 ---+---+--- 3 | 4 | 5 ---+---+--- 6 | 7 | 8. Your move, please. " * 3
+        first = server.generate(GenerationRequest(prompt))
+        second = server.generate(GenerationRequest(prompt))
+    finally:
+        server.stop()
+    length = len(first.prompt_token_ids)
+    assert first.cached_prompt_tokens == 0 and second.cached_prompt_tokens == (length - 1) // 16 * 16 > 0
+    stats = server.stats()
+    assert stats[keys.INFERENCE_PROMPT_TOKENS] == 2 * length
+    assert stats[keys.INFERENCE_CACHED_PROMPT_TOKENS] == second.cached_prompt_tokens
+    assert stats[keys.INFERENCE_PREFIX_CACHE_HIT_RATE] == pytest.approx(second.cached_prompt_tokens / (2 * length))
 
 
 def test_a_stale_games_decision_records_the_weights_that_served_it():

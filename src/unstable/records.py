@@ -77,6 +77,7 @@ class GenerationResult:
 
     `served_by`, set by the inference server, is the checkpoint whose weights produced it: the one requested, or
     the newer full checkpoint loaded in its place (a game started before a full-weight update).
+    `cached_prompt_tokens` of the prompt's tokens came from the engine's prefix cache instead of a prefill.
     """
 
     text: str
@@ -87,6 +88,7 @@ class GenerationResult:
     temperature: float = 1.0
     top_p: float = 1.0
     served_by: Checkpoint | None = None
+    cached_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True)
