@@ -132,6 +132,18 @@ def test_a_finished_game_is_forgotten_so_the_client_holds_only_games_in_flight()
     assert len(a.seen) == len(b.seen) == 1000
 
 
+def test_routing_least_outstanding_ignores_games():
+    client = pickle.loads(pickle.dumps(InferenceClient([_FakeServer("a"), _FakeServer("b")], by_game=False)))
+    a, b = client.servers  # the copies: the setting survived pickling
+    for turn in range(4):
+        client.generate(GenerationRequest(str(turn), game=1))
+    assert a.seen == ["0", "2"] and b.seen == ["1", "3"] and len(client._games) == 0
+    data = {"model": {"path": "m"}, "collector": {"training_envs": [["TicTacToe-v0-train", 2, "qwen3-zs"]]}}
+    assert validate_config(data).inference.routing == "game"
+    with pytest.raises(ConfigError, match="inference.routing = 'seat'"):
+        validate_config(data | {"inference": {"routing": "seat"}})
+
+
 class _LegalMoveServer(_FakeServer):
     """Answers each TicTacToe request with a legal move; records which game each request named and how many
     games the client held at that moment."""

@@ -29,16 +29,17 @@ IMBALANCE_SLACK = 2
 
 class InferenceClient:
     """Routes requests over `servers` (InferenceServers or proxies to their actors) by game, within a load bound
-    (the module docstring has the rule).
+    (the module docstring has the rule); with `by_game=False` every request goes to the least busy server.
 
     It pickles (to be handed to the Collector actor); each copy counts only the requests it sent itself and keeps
     its own games.
     """
 
-    def __init__(self, servers: Sequence[Any]):
+    def __init__(self, servers: Sequence[Any], by_game: bool = True):
         if not servers:
             raise ValueError("InferenceClient needs at least one server")
         self.servers = list(servers)
+        self.by_game = by_game
         self._outstanding = [0] * len(self.servers)
         self._games: dict[int, int] = {}  # game -> the server it stays on, for the games in flight
         self._turn = itertools.count()
@@ -46,7 +47,7 @@ class InferenceClient:
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         """Complete one request on its game's server, or the least busy one (blocking)."""
-        index = self._pick(request.game)
+        index = self._pick(request.game if self.by_game else None)
         try:
             return self.servers[index].generate(request)
         finally:
@@ -84,7 +85,7 @@ class InferenceClient:
         return min(order, key=self._outstanding.__getitem__)
 
     def __getstate__(self):
-        return {"servers": self.servers}
+        return {"servers": self.servers, "by_game": self.by_game}
 
     def __setstate__(self, state):
-        self.__init__(state["servers"])
+        self.__init__(state["servers"], state["by_game"])

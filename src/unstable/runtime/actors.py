@@ -192,7 +192,7 @@ class CollectorActor(Collector):
         # the original API names its games in flight later, in `collect(num_workers)`: any number up to the bound
         games = MAX_GAMES_IN_FLIGHT if vllm_config is not None else cfg.games_in_flight()
         servers = _start_servers(model_path, inference, dtype, seed, resume_step, lora_rank, games)
-        client = InferenceClient([RemoteProxy(server) for server in servers])
+        client = InferenceClient([RemoteProxy(server) for server in servers], by_game=inference.routing == "game")
         super().__init__(
             client,
             RemoteProxy(model_pool, fire_and_forget={"record_game"}),
