@@ -191,6 +191,17 @@ def test_stats_merge_over_servers_and_the_client_pickles():
     assert stats["inference/prefix_cache_hit_rate"] == pytest.approx(2 / 6)  # over both servers' prompt tokens
 
 
+def test_a_server_that_cannot_answer_counts_as_idle_in_the_row_and_the_others_still_report():
+    class DeadServer(_FakeServer):
+        def stats(self, reset=True):
+            raise RuntimeError("the actor died unexpectedly")  # as Ray raises while an actor restarts
+
+    client = InferenceClient([_FakeServer("a"), DeadServer("b")])
+    client.generate(GenerationRequest("0"))
+    stats = client.metrics()
+    assert stats["inference/requests_by_actor"] == [1, 0] and stats["inference/policy_version_by_actor"] == [3, -1]
+
+
 def test_num_actors_must_be_positive():
     data = {"model": {"path": "m"}, "collector": {"training_envs": [["TicTacToe-v0-train", 2, "qwen3-zs"]]}}
     assert validate_config(data).inference.num_actors == 1

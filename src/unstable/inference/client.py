@@ -12,12 +12,15 @@ in flight, however long the run.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
 
-from unstable.inference.server import merge_stats
+from unstable.inference.server import idle_stats, merge_stats
 from unstable.records import GenerationRequest, GenerationResult
+
+log = logging.getLogger(__name__)
 
 # a game leaves its server when that server has more than IMBALANCE_FACTOR x (the least busy one's requests in
 # flight) + IMBALANCE_SLACK in flight: up to about twice the least busy server's queue, a few requests waiting
@@ -60,8 +63,16 @@ class InferenceClient:
             self._games.pop(game, None)
 
     def metrics(self) -> dict[str, float]:
-        """The servers' throughput since the previous call, merged into one row (see `InferenceServer.stats`)."""
-        return merge_stats([server.stats(reset=True) for server in self.servers])
+        """The servers' throughput since the previous call, merged into one row (see `InferenceServer.stats`). A
+        server that cannot answer (its actor died and Ray restarts it) counts as idle, holding no checkpoint."""
+        return merge_stats([self._stats(index) for index in range(len(self.servers))])
+
+    def _stats(self, index: int) -> dict[str, float]:
+        try:
+            return self.servers[index].stats(reset=True)
+        except Exception as exc:  # noqa: BLE001 - one server's row is lost, not the run: the row is logged anyway
+            log.warning("inference server %d gave no statistics for this row: %r", index, exc)
+            return idle_stats()
 
     def _pick(self, game: int | None) -> int:
         """The server for one request of `game` (None: no game), counted in flight there."""

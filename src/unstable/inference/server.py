@@ -393,6 +393,11 @@ def merge_stats(per_server: list[dict[str, float]]) -> dict[str, float]:
     return merged
 
 
+def idle_stats() -> dict[str, float]:
+    """The `stats()` of a server that served nothing and holds no checkpoint (a fresh one)."""
+    return _Counters().snapshot(reset=False)
+
+
 def _hit_rate(cached_tokens: int, prompt_tokens: int) -> float:
     """The share of prompt tokens that came from a prefix cache (0 with none)."""
     return cached_tokens / max(prompt_tokens, 1)
