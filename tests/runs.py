@@ -7,6 +7,8 @@ The tests of the paths users take (engine x fine-tuning x dtype x inference acto
 |---|---|
 | transformers, full fine-tuning after a warm start, top_p 0.5 | `test_runtime_ray`: two learner steps |
 | transformers, two inference actors | `test_runtime_ray`: different samples for one prompt |
+| transformers, LoRA, two inference actors routed by game | `test_runtime_ray`: both serve the newest adapter |
+| the same, an inference actor killed after step 1 | `test_faults`: the run ends, the actor serves again |
 | transformers, LoRA warm start, KL penalty | `test_learner_start_and_precision`: zero KL at the start |
 | transformers, bf16, full fine-tuning | `test_learner_start_and_precision`: float32 masters |
 | Kuhn Poker, branched groups, 8 game threads | `test_branching`: every branch of a group sees the same deals |
@@ -16,6 +18,7 @@ The tests of the paths users take (engine x fine-tuning x dtype x inference acto
 | transformers, full fine-tuning, every weight load failing | `test_faults`: the run stops with the cause, status 1 |
 """
 
+import json
 from pathlib import Path
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "tictactoe-tiny.yaml"
@@ -41,3 +44,18 @@ def tiny_run(tmp_path: Path, model_dir: str, name: str, *overrides: str) -> list
         "tracker.tensorboard=false",
         *overrides,
     ]
+
+
+# two inference actors serving LoRA adapters, hot-swapped after each update
+TWO_ACTORS_LORA = (
+    "inference.num_actors=2",
+    "warm_start=null",
+    "learner.policy.lora={lora_rank: 4, lora_alpha: 8}",
+    "collector.num_workers=4",
+    "evaluation.games_at_end=4",  # the final evaluation's games play the newest adapter
+)
+
+
+def run_rows(run_dir: Path) -> list[dict]:
+    """Every row of a run's metrics.jsonl, the final one included."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
