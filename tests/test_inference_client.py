@@ -191,6 +191,52 @@ def test_stats_merge_over_servers_and_the_client_pickles():
     assert stats["inference/prefix_cache_hit_rate"] == pytest.approx(2 / 6)  # over both servers' prompt tokens
 
 
+class _Gone(Exception):
+    """What a proxy raises when the server's actor died or restarts (Ray's RayActorError)."""
+
+
+class _GoneServer(_FakeServer):
+    """A server whose actor is gone until `back` is set."""
+
+    def __init__(self, name):
+        super().__init__(name)
+        self.back, self.refused = False, 0
+
+    def generate(self, request):
+        if not self.back:
+            self.refused += 1
+            raise _Gone(f"server {self.name} is restarting")
+        return super().generate(request)
+
+
+def test_a_request_to_a_server_whose_actor_is_gone_goes_to_another_and_the_server_rests(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr("unstable.inference.client.time.monotonic", lambda: clock[0])
+    gone, b = _GoneServer("a"), _FakeServer("b")
+    client = InferenceClient([gone, b], unavailable=lambda exc: isinstance(exc, _Gone))
+    assert client.generate(GenerationRequest("0", game=1)) == RESULT  # a refused it: answered by b, game 1 moved
+    for i in range(3):  # while a rests, new games and game 1 go to b, although a has none in flight
+        client.generate(GenerationRequest(f"new-{i}", game=10 + i))
+        client.generate(GenerationRequest(f"g1-{i}", game=1))
+    assert gone.refused == 1 and len(b.seen) == 7
+    clock[0] += 10.0  # past its rest: one of the next two new games (ties take turns) tries a, still gone
+    for game in (20, 21):
+        assert client.generate(GenerationRequest("probe", game=game)) == RESULT  # b answers both
+    gone.back, clock[0] = True, clock[0] + 10.0  # restarted: it takes one of the next two new games again
+    for game in (30, 31):
+        client.generate(GenerationRequest("back", game=game))
+    assert gone.refused == 2 and gone.seen == ["back"] and b.seen[-3:] == ["probe", "probe", "back"]
+    faulty_first = InferenceClient([_FaultyServer("c"), _FakeServer("d")], unavailable=lambda e: isinstance(e, _Gone))
+    with pytest.raises(RuntimeError, match="not about the actor"):  # any other error is the request's own
+        faulty_first.generate(GenerationRequest("x"))
+    assert faulty_first.servers[1].seen == []
+
+
+class _FaultyServer(_FakeServer):
+    def generate(self, request):
+        raise RuntimeError("a fault not about the actor")
+
+
 def test_a_server_that_cannot_answer_counts_as_idle_in_the_row_and_the_others_still_report():
     class DeadServer(_FakeServer):
         def stats(self, reset=True):
