@@ -214,8 +214,9 @@ class InferenceServerActor(InferenceServer):
 
     `backend_factory(seed=...)` builds its engine, sampling from the stream `seed` names (one per actor, see
     `_start_servers`). A restarted one loads its engine again at once, with `seed` mixed with a fresh restart nonce
-    so it does not replay the stream its dead process began. The games that were waiting on the dead one fail
-    (counted in `collector/failed_games` and by cause) and the collector starts new games in their place.
+    so it does not replay the stream its dead process began. Meanwhile the collector's `InferenceClient` sends its
+    requests to the other actors (`_actor_gone`); with none, the games waiting on it fail (counted in
+    `collector/failed_games` and by cause) and the collector starts new games in their place.
     """
 
     def __init__(self, backend_factory, cfg: InferenceConfig, seed: int = 0):
