@@ -1,11 +1,14 @@
 """End-to-end loop throughput: the whole Ray run (collector + inference + learner) against the bare backend.
 
 Runs `unstable.runtime.train` on the tiny model for a few learner steps and reports finished games/s,
-generated tokens/s, learner seconds/step and peak memory of the whole process tree; then times the bare
-inference backend alone at the same batch size, so the loop's overhead is visible (the peer note in
-`shared/notes/ub-peer-cpu.md` measured UnstableBaselines at 178 tok/s vs 1,797 for a bare vLLM engine).
+generated tokens/s, learner seconds/step, the prefix cache's hit rate and peak memory of the whole process tree;
+then times the bare inference backend alone at the same batch size, so the loop's overhead is visible (the peer
+note in `shared/notes/ub-peer-cpu.md` measured UnstableBaselines at 178 tok/s vs 1,797 for a bare vLLM engine).
+With `--routing` it instead runs the loop with 2 inference actors once per `inference.routing` (least outstanding,
+then by game) and compares the two.
 
     python benchmarks/loop.py [--backend transformers|vllm] [--steps 6] [--workers 16] [--out FILE]
+    python benchmarks/loop.py --routing [--steps 20] [--workers 16] [--out benchmarks/results/routing.json]
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ def measure_loop(cfg) -> dict:
     step 1 (the warm-up: Ray start, model load, the first batch) up to the last row; the first learner step's
     time counts from the call. `cfg` needs at least 2 learner steps."""
     from unstable.runtime import train
+    from unstable.tracking import keys
 
     rows, arrived = [], []
     start = time.perf_counter()
@@ -108,12 +112,41 @@ def measure_loop(cfg) -> dict:
         "games_per_s": sum(r["collector/train_games"] for r in steady) / seconds,
         "tokens_per_s": sum(r["inference/generated_tokens"] for r in steady) / seconds,
         "mean_batch": statistics.mean(r["inference/mean_batch_size"] for r in steady),
+        "prefix_cache_hit_rate": sum(r[keys.INFERENCE_CACHED_PROMPT_TOKENS] for r in steady)
+        / max(sum(r[keys.INFERENCE_PROMPT_TOKENS] for r in steady), 1),
+        "requests_by_actor": [sum(served) for served in zip(*(r[keys.INFERENCE_REQUESTS_BY_ACTOR] for r in steady))],
         "learner_s_per_step": statistics.mean(
             r["learner/update_seconds"] for r in steady if "learner/update_seconds" in r
         ),
         "peak_rss_gb": memory.peak_bytes / 1e9,
         "last_checkpoint": str(Path(summary.run_dir) / "checkpoints" / f"ckpt-{steps}"),
     }
+
+
+ROUTINGS = ("least_outstanding", "game")
+
+
+def run_routing(args) -> dict:
+    """The loop of `run_loop` with 2 inference actors, once per `inference.routing`; the ratios are by game over
+    least outstanding."""
+    from unstable.config import load_config
+
+    runs = {}
+    for routing in ROUTINGS:
+        overrides = loop_overrides(args, args.workers, args.steps)
+        overrides += ["inference.num_actors=2", f"inference.routing={routing}", f"run.name=bench-routing-{routing}"]
+        runs[routing] = measure_loop(load_config(ROOT / "examples" / "tictactoe-tiny.yaml", overrides))
+    by_game, least = runs["game"], runs["least_outstanding"]
+    ratios = {k: by_game[k] / least[k] for k in ("prefix_cache_hit_rate", "tokens_per_s", "games_per_s")}
+    return {"backend": args.backend, "settings": vars(args), "runs": runs, "game_over_least_outstanding": ratios}
+
+
+def print_routing(result: dict) -> None:
+    """The routing comparison as a table."""
+    print(f"{'routing':<20}{'hit rate':>10}{'tok/s':>10}{'games/s':>10}  requests by actor")
+    for routing, run in result["runs"].items():
+        hit, tokens, games = run["prefix_cache_hit_rate"], run["tokens_per_s"], run["games_per_s"]
+        print(f"{routing:<20}{hit:>10.3f}{tokens:>10.1f}{games:>10.2f}  {run['requests_by_actor']}")
 
 
 def run_bare(args, batch: int, adapter: str | None = None) -> dict:
@@ -183,8 +216,15 @@ def main() -> None:
         help="games in flight of the concurrency comparison (learner steps: --steps // 2)",
     )
     parser.add_argument("--run-dir", default="runs")
-    parser.add_argument("--out", default="benchmarks/results/loop.json")
+    parser.add_argument("--routing", action="store_true", help="compare inference.routing over 2 inference actors")
+    parser.add_argument("--out", help="default: benchmarks/results/loop.json (routing.json with --routing)")
     args = parser.parse_args()
+    args.out = args.out or f"benchmarks/results/{'routing' if args.routing else 'loop'}.json"
+    if args.routing:
+        result = run_routing(args)
+        write_result(result, args.out)
+        print_routing(result)
+        return
 
     loop = run_loop(args, args.workers, args.steps)
     # the engine alone with as many requests as the loop has games: on the base model, and on the run's adapter
@@ -200,10 +240,8 @@ def main() -> None:
         "loop_over_bare": loop["tokens_per_s"] / bare["tokens_per_s"],
         "loop_over_bare_lora": loop["tokens_per_s"] / bare_lora["tokens_per_s"],
         "scaling": {"few": few, "many": many, "games_per_s_ratio": many["games_per_s"] / few["games_per_s"]},
-        "cpus": os.cpu_count(),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_result(result, args.out)
     print(f"{'measure':<36}{'value':>12}")
     for key, value in [
         (f"loop games/s @ {args.workers}", loop["games_per_s"]),
@@ -222,6 +260,12 @@ def main() -> None:
     ]:
         print(f"{key:<36}{value:>12.2f}")
     print(f"wrote {args.out}")
+
+
+def write_result(result: dict, out: str) -> None:
+    """`result` as JSON at `out` (its folder made), with this machine's CPU count."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result | {"cpus": os.cpu_count()}, indent=2))
 
 
 if __name__ == "__main__":

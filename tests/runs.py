@@ -8,6 +8,8 @@ The tests of the paths users take (engine x fine-tuning x dtype x inference acto
 | transformers, full fine-tuning after a warm start, top_p 0.5 | `test_runtime_ray`: two learner steps |
 | transformers, two inference actors | `test_runtime_ray`: different samples for one prompt |
 | transformers, A2C bootstrapping, an old config's `buffer.discount` | `test_runtime_ray`: saved as a transform |
+| transformers, LoRA, two inference actors routed by game | `test_runtime_ray`: both serve the newest adapter |
+| the same, an inference actor killed after step 1 | `test_faults`: the run ends, the actor serves again |
 | transformers, LoRA warm start, KL penalty | `test_learner_start_and_precision`: zero KL at the start |
 | transformers, bf16, full fine-tuning | `test_learner_start_and_precision`: float32 masters |
 | Kuhn Poker, branched groups, 8 game threads | `test_branching`: every branch of a group sees the same deals |
@@ -18,6 +20,7 @@ The tests of the paths users take (engine x fine-tuning x dtype x inference acto
 | two learner actors (gloo), killed after a row and resumed | `test_learners`: each step logged once |
 """
 
+import json
 from pathlib import Path
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "tictactoe-tiny.yaml"
@@ -43,3 +46,18 @@ def tiny_run(tmp_path: Path, model_dir: str, name: str, *overrides: str) -> list
         "tracker.tensorboard=false",
         *overrides,
     ]
+
+
+# two inference actors serving LoRA adapters, hot-swapped after each update
+TWO_ACTORS_LORA = (
+    "inference.num_actors=2",
+    "warm_start=null",
+    "learner.policy.lora={lora_rank: 4, lora_alpha: 8}",
+    "collector.num_workers=4",
+    "evaluation.games_at_end=4",  # the final evaluation's games play the newest adapter
+)
+
+
+def run_rows(run_dir: Path) -> list[dict]:
+    """Every row of a run's metrics.jsonl, the final one included."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

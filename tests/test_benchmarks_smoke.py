@@ -90,6 +90,16 @@ def test_the_benchmark_runs_with_its_smallest_settings(script, tiny_model_dir, t
 
 
 @pytest.mark.slow
+def test_the_loop_benchmark_compares_the_routings(tiny_model_dir, tmp_path):
+    """`loop.py --routing`: the loop with 2 inference actors once per `inference.routing`."""
+    args = ["--routing", "--steps", "3", "--workers", "2", "--batch-size", "4", "--max-new-tokens", "4"]
+    args += ["--run-dir", f"{TMP}/runs", "--out", f"{TMP}/routing.json"]
+    assert "least_outstanding" in run_benchmark("loop.py", args, tmp_path, tiny_model_dir)
+    result = json.loads((tmp_path / "routing.json").read_text())
+    assert set(result["runs"]) == {"least_outstanding", "game"} and "prefix_cache_hit_rate" in result["runs"]["game"]
+
+
+@pytest.mark.slow
 def test_the_learning_benchmark_and_its_reevaluation(tiny_model_dir, tmp_path):
     """One recipe (the TicTacToe one: its curve, the minimax column; the Kuhn Poker recipe runs through `unstable
     train` in test_recipes.py) over one seed, then reevaluate.py on what it wrote."""

@@ -204,6 +204,9 @@ class _FakeEngine:
         move = self.rng.choice(legal_moves(request.prompt))
         return GenerationResult(f"\\boxed{{{move}}}", (1, 2), (3,), (-0.5,))
 
+    def end_game(self, game):
+        pass
+
 
 def test_collector_group_size_sends_every_branch_to_the_buffer(tmp_path):
     pool = ModelPool(PoolConfig(sample_mode="mirror"))

@@ -27,6 +27,9 @@ class _FakeEngine:
         move = self.rng.choice(legal_moves(request.prompt) or [f"[{self.rng.randint(1, 20)}]"])
         return GenerationResult(f"\\boxed{{{move}}}", (1, 2), (3,), (-0.5,))
 
+    def end_game(self, game):
+        pass
+
 
 def _collector(tmp_path, spec: EnvSpec, pool_cfg: PoolConfig) -> tuple[Collector, ModelPool, StepBuffer]:
     pool = ModelPool(pool_cfg)

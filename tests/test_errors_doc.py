@@ -179,6 +179,7 @@ CASES = [
     ("a negative NaN-skip limit", _with("learner.optimizer.max_skipped_updates=-1"), "max_skipped_updates"),
     ("retention keeping no step", _with("learner.retention.keep_last=0"), "retention.keep_last"),
     ("an unknown inference backend", _with("inference.backend=tgi"), "inference.backend"),
+    ("an unknown inference routing", _with("inference.routing=seat"), "inference.routing"),
     ("top_p 0", _with("inference.top_p=0"), "inference.top_p"),
     ("max_new_tokens 0", _with("inference.max_new_tokens=0"), "inference.max_new_tokens"),
     ("a negative temperature", _with("inference.temperature=-1"), "inference.temperature"),

@@ -4,7 +4,9 @@ learning go on; a non-finite loss skips its optimizer step, up to a limit; Ray r
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import socket
 import threading
 import time
@@ -56,6 +58,9 @@ class _FaultyEngine:
             raise ActorDiedError("inference actor died")
         text = "\x00\ufffd garbage }}{{" if n % 5 == 0 else f"\\boxed{{{self.rng.choice(legal_moves(request.prompt))}}}"
         return GenerationResult(text, (1, 2), (3,), (-0.5,))
+
+    def end_game(self, game):
+        pass
 
 
 class _CrashingEnv:
@@ -128,6 +133,9 @@ class _EngineThatCannotGenerate:
 
     def generate(self, request):
         raise RuntimeError("the engine cannot generate")
+
+    def end_game(self, game):
+        pass
 
 
 def test_when_every_training_game_fails_the_learner_stops_with_the_cause_instead_of_waiting(tiny_model_dir, tmp_path):
@@ -212,6 +220,52 @@ def test_ray_restarts_a_dead_inference_actor_and_its_in_flight_request_fails():
         ray.shutdown()
 
 
+def _inference_actors() -> list[dict]:
+    """The inference actors in this test's Ray actor table (Ray's own state helper: no dashboard needed)."""
+    from ray._private import state
+
+    return [actor for actor in state.actors().values() if actor["ActorClassName"] == "InferenceServerActor"]
+
+
+def _wait_until_restarted(actor_id: str, timeout_s: float = 300.0) -> None:
+    """Block until the inference actor `actor_id` is alive again after one restart."""
+    deadline = time.time() + timeout_s
+    while True:
+        actor = next(a for a in _inference_actors() if a["ActorID"] == actor_id)
+        if actor["State"] == "ALIVE" and actor["NumRestarts"] == 1:
+            return
+        assert time.time() < deadline, f"the killed inference actor never came back: {actor['State']}"
+        time.sleep(0.5)
+
+
+def test_an_inference_actor_killed_mid_run_costs_only_games_in_flight_and_comes_back(tiny_model_dir, tmp_path):
+    from unstable.config import load_config
+    from unstable.runtime import train
+
+    from .runs import EXAMPLE, TWO_ACTORS_LORA, run_rows, tiny_run
+
+    overrides = tiny_run(tmp_path, tiny_model_dir, "killed-actor", "learner.num_steps=4", *TWO_ACTORS_LORA)
+    killed = []
+
+    def kill_after_step_1(row):
+        if row.get(keys.STEP) == 1:  # SIGKILL its process, as an OOM kill would; the games go on meanwhile
+            victim = _inference_actors()[0]
+            os.kill(victim["Pid"], signal.SIGKILL)
+            killed.append(victim["ActorID"])
+        if row.get(keys.STEP) == 2:  # the learner waits for Ray to restart it, so the run does not end first
+            _wait_until_restarted(killed[0])
+
+    summary = train(load_config(EXAMPLE, overrides), on_row=kill_after_step_1)
+    rows = run_rows(tmp_path / "killed-actor")
+    assert killed and summary.learner_steps == 4 and summary.stopped is None  # the run went on and ended
+    failed = rows[-1][keys.TOTAL_FAILED_GAMES]
+    assert failed == summary.train_failed + summary.eval_end["failed"]  # every failed game counted
+    assert failed <= 4, failed  # at most the games in flight when it died (collector.num_workers)
+    served = [sum(r[keys.INFERENCE_REQUESTS_BY_ACTOR][actor] for r in rows[3:]) for actor in range(2)]
+    assert min(served) > 0, served  # after its restart both actors serve games
+    assert rows[-1][keys.INFERENCE_POLICY_VERSION_BY_ACTOR] == [4, 4]  # ... on the newest adapter
+
+
 def _generate_once_back(server, timeout_s: float = 60.0):
     """The first answer of `server` once Ray has restarted it (calls while it restarts fail like games would)."""
     import ray
@@ -284,8 +338,6 @@ def test_a_run_whose_learner_cannot_play_after_its_first_update_stops_with_the_c
     tiny_model_dir, tmp_path
 ):
     import json
-    import os
-    import signal
     import subprocess
     import sys
     from pathlib import Path

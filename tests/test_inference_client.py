@@ -1,16 +1,25 @@
-"""Spreading requests over several inference servers, and the server's pass-through for self-batching backends."""
+"""Routing requests over several inference servers (by game, within a load bound); the server's pass-through for
+self-batching backends."""
 
 import pickle
+import random
 import sys
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
+from unstable.buffer import StepBuffer
+from unstable.collector import Collector
+from unstable.collector.config import CollectorConfig
 from unstable.config import ConfigError, validate_config
+from unstable.games.moves import legal_moves
 from unstable.inference import InferenceClient, InferenceConfig, InferenceServer
-from unstable.records import Checkpoint, GenerationRequest, GenerationResult
+from unstable.pool import ModelPool
+from unstable.pool.config import PoolConfig
+from unstable.records import Checkpoint, EnvSpec, GenerationRequest, GenerationResult
+from unstable.tracking import Tracker, keys
 
 RESULT = GenerationResult("x", (1, 2), (3, 4, 5), (-0.1, -0.2, -0.3))
 
@@ -33,6 +42,10 @@ class _FakeServer:
             "inference/tokens_per_s": 10.0,
             "inference/mean_batch_size": float(len(self.seen)),
             "inference/busy_fraction": 0.5 if self.name == "a" else 1.0,
+            "inference/prompt_tokens": 2 * len(self.seen),
+            "inference/cached_prompt_tokens": len(self.seen) if self.name == "a" else 0,
+            "inference/prefix_cache_hit_rate": 0.5 if self.name == "a" else 0.0,
+            "inference/policy_version": 3 if self.name == "a" else -1,
         }
 
 
@@ -59,6 +72,111 @@ def test_requests_go_to_the_server_with_fewest_in_flight():
     assert slow.seen == ["waits"] and fast.seen == ["0", "1", "2"]
 
 
+def _hold(client, game, gate_server, count):
+    """Start `count` requests of `game` through `client` on threads; they block until `gate_server`'s gate opens.
+    Returns the threads once every one of them is in flight on `gate_server`."""
+    before = len(gate_server.seen)
+    threads = [
+        threading.Thread(target=client.generate, args=(GenerationRequest("held", game=game),)) for _ in range(count)
+    ]
+    for thread in threads:
+        thread.start()
+    while len(gate_server.seen) < before + count:
+        time.sleep(0.001)
+    return threads
+
+
+def test_a_game_stays_on_the_server_it_first_went_to_within_the_load_bound():
+    gate = threading.Event()
+    a, b = _FakeServer("a", gate), _FakeServer("b")
+    client = InferenceClient([a, b])
+    held = _hold(client, game=1, gate_server=a, count=1)  # game 1 starts on a (a tie: a first) and waits there
+    a.gate = None
+    client.generate(GenerationRequest("g2", game=2))  # a new game goes to the least busy server: b
+    for turn in range(3):  # a has 1 in flight, b none: game 2 stays on b ...
+        client.generate(GenerationRequest(f"g2-{turn}", game=2))
+    a.gate = gate
+    more = _hold(client, game=1, gate_server=a, count=1)  # ... and game 1 stays on a although a is busier
+    gate.set()
+    for thread in held + more:
+        thread.join(timeout=10)
+    assert a.seen == ["held", "held"] and b.seen == ["g2", "g2-0", "g2-1", "g2-2"]
+
+
+def test_a_game_moves_to_the_least_busy_server_when_its_own_has_too_many_in_flight():
+    gate_a, gate_b = threading.Event(), threading.Event()
+    a, b = _FakeServer("a", gate_a), _FakeServer("b", gate_b)
+    client = InferenceClient([a, b])
+    held = _hold(client, game=1, gate_server=a, count=1)  # game 1 lives on a
+    on_b = _hold(client, game=2, gate_server=b, count=1)  # game 2 goes to b: 1 in flight on each
+    held += _hold(client, game=1, gate_server=a, count=2)  # a: 1, then 2 in flight <= 2 x 1 + 2: game 1 stays
+    gate_b.set()
+    on_b[0].join(timeout=10)  # now a has 3 in flight and b none
+    client.generate(GenerationRequest("moved", game=1))  # 3 > 2 x 0 + 2: game 1 moves to b ...
+    client.generate(GenerationRequest("stays", game=1))  # ... and stays there
+    gate_a.set()
+    for thread in held:
+        thread.join(timeout=10)
+    assert a.seen == ["held"] * 3 and b.seen == ["held", "moved", "stays"]
+
+
+def test_a_finished_game_is_forgotten_so_the_client_holds_only_games_in_flight():
+    a, b = _FakeServer("a"), _FakeServer("b")
+    client = InferenceClient([a, b])
+    for game in range(1000):  # a long run: many games, each forgotten when it ends
+        client.generate(GenerationRequest("first", game=game))
+        client.generate(GenerationRequest("second", game=game))
+        client.end_game(game)
+    assert len(client._games) == 0
+    client.end_game(5)  # a game never seen (or ended twice) is fine
+    assert len(a.seen) == len(b.seen) == 1000
+
+
+def test_routing_least_outstanding_ignores_games():
+    client = pickle.loads(pickle.dumps(InferenceClient([_FakeServer("a"), _FakeServer("b")], by_game=False)))
+    a, b = client.servers  # the copies: the setting survived pickling
+    for turn in range(4):
+        client.generate(GenerationRequest(str(turn), game=1))
+    assert a.seen == ["0", "2"] and b.seen == ["1", "3"] and len(client._games) == 0
+    data = {"model": {"path": "m"}, "collector": {"training_envs": [["TicTacToe-v0-train", 2, "qwen3-zs"]]}}
+    assert validate_config(data).inference.routing == "game"
+    with pytest.raises(ConfigError, match="inference.routing = 'seat'"):
+        validate_config(data | {"inference": {"routing": "seat"}})
+
+
+class _LegalMoveServer(_FakeServer):
+    """Answers each TicTacToe request with a legal move; records which game each request named and how many
+    games the client held at that moment."""
+
+    def __init__(self, name, games_held):
+        super().__init__(name)
+        self.games, self.games_held, self.rng = [], games_held, random.Random(name)
+
+    def generate(self, request):
+        self.games.append(request.game)
+        self.games_held.append(len(self.client._games))
+        return GenerationResult(f"\\boxed{{{self.rng.choice(legal_moves(request.prompt))}}}", (1,), (2,), (-0.1,))
+
+
+def test_the_collector_keeps_each_game_on_one_server_and_the_client_forgets_it_when_it_ends(tmp_path):
+    games_held = []
+    servers = [_LegalMoveServer("a", games_held), _LegalMoveServer("b", games_held)]
+    client = InferenceClient(servers)
+    for server in servers:
+        server.client = client
+    pool = ModelPool(PoolConfig(sample_mode="mirror"))
+    pool.add_checkpoint(path=None, iteration=-1)
+    cfg = CollectorConfig(training_envs=[EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")])
+    collector = Collector(client, pool, StepBuffer(4096), Tracker(tmp_path), cfg)
+    with ThreadPoolExecutor(4) as games:
+        records = list(games.map(lambda _: collector.play_one(is_eval=False), range(40)))
+    assert not any(r.failed for r in records)
+    on_a, on_b = set(servers[0].games), set(servers[1].games)
+    assert on_a and on_b and not on_a & on_b  # both served games, and every game stayed on one of them
+    assert on_a | on_b == {r.seed for r in records}  # every request named its game: both seats, every turn
+    assert max(games_held) <= 4 and len(client._games) == 0  # held while in flight, forgotten at the end
+
+
 def test_stats_merge_over_servers_and_the_client_pickles():
     servers = [_FakeServer("a"), _FakeServer("b")]
     client = pickle.loads(pickle.dumps(InferenceClient(servers)))
@@ -68,6 +186,66 @@ def test_stats_merge_over_servers_and_the_client_pickles():
     assert stats["inference/requests"] == 3 and stats["inference/generated_tokens"] == 9
     assert stats["inference/tokens_per_s"] == 20.0 and stats["inference/mean_batch_size"] == 1.5
     assert stats["inference/busy_fraction"] == 0.75
+    assert stats["inference/requests_by_actor"] == [2, 1] and stats["inference/policy_version_by_actor"] == [3, -1]
+    assert stats["inference/prompt_tokens"] == 6 and stats["inference/cached_prompt_tokens"] == 2
+    assert stats["inference/prefix_cache_hit_rate"] == pytest.approx(2 / 6)  # over both servers' prompt tokens
+
+
+class _Gone(Exception):
+    """What a proxy raises when the server's actor died or restarts (Ray's RayActorError)."""
+
+
+class _GoneServer(_FakeServer):
+    """A server whose actor is gone until `back` is set."""
+
+    def __init__(self, name):
+        super().__init__(name)
+        self.back, self.refused = False, 0
+
+    def generate(self, request):
+        if not self.back:
+            self.refused += 1
+            raise _Gone(f"server {self.name} is restarting")
+        return super().generate(request)
+
+
+def test_a_request_to_a_server_whose_actor_is_gone_goes_to_another_and_the_server_rests(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr("unstable.inference.client.time.monotonic", lambda: clock[0])
+    gone, b = _GoneServer("a"), _FakeServer("b")
+    client = InferenceClient([gone, b], unavailable=lambda exc: isinstance(exc, _Gone))
+    assert client.generate(GenerationRequest("0", game=1)) == RESULT  # a refused it: answered by b, game 1 moved
+    for i in range(3):  # while a rests, new games and game 1 go to b, although a has none in flight
+        client.generate(GenerationRequest(f"new-{i}", game=10 + i))
+        client.generate(GenerationRequest(f"g1-{i}", game=1))
+    assert gone.refused == 1 and len(b.seen) == 7
+    clock[0] += 10.0  # past its rest: one of the next two new games (ties take turns) tries a, still gone
+    for game in (20, 21):
+        assert client.generate(GenerationRequest("probe", game=game)) == RESULT  # b answers both
+    gone.back, clock[0] = True, clock[0] + 10.0  # restarted: it takes one of the next two new games again
+    for game in (30, 31):
+        client.generate(GenerationRequest("back", game=game))
+    assert gone.refused == 2 and gone.seen == ["back"] and b.seen[-3:] == ["probe", "probe", "back"]
+    faulty_first = InferenceClient([_FaultyServer("c"), _FakeServer("d")], unavailable=lambda e: isinstance(e, _Gone))
+    with pytest.raises(RuntimeError, match="not about the actor"):  # any other error is the request's own
+        faulty_first.generate(GenerationRequest("x"))
+    assert faulty_first.servers[1].seen == []
+
+
+class _FaultyServer(_FakeServer):
+    def generate(self, request):
+        raise RuntimeError("a fault not about the actor")
+
+
+def test_a_server_that_cannot_answer_counts_as_idle_in_the_row_and_the_others_still_report():
+    class DeadServer(_FakeServer):
+        def stats(self, reset=True):
+            raise RuntimeError("the actor died unexpectedly")  # as Ray raises while an actor restarts
+
+    client = InferenceClient([_FakeServer("a"), DeadServer("b")])
+    client.generate(GenerationRequest("0"))
+    stats = client.metrics()
+    assert stats["inference/requests_by_actor"] == [1, 0] and stats["inference/policy_version_by_actor"] == [3, -1]
 
 
 def test_num_actors_must_be_positive():
@@ -156,6 +334,40 @@ def test_a_failed_full_weight_load_fails_the_request_naming_it_and_is_retried():
     request = server.submit(GenerationRequest("b", FULL_1))  # the server still serves, and loads what it can
     backend.finish_all()
     assert request.result(timeout=10).served_by == FULL_1 and backend.loads == [("ckpt-1-dir", 0)]
+
+
+def test_the_server_reports_the_newest_policy_it_served():
+    class FullWeightsBackend(_SelfBatchingBackend):
+        def load_weights(self, path):
+            pass
+
+    server = InferenceServer(FullWeightsBackend)
+    server.start()
+    assert server.stats()[keys.INFERENCE_POLICY_VERSION] == -1  # nothing served yet: the initial policy's version
+    server.generate(GenerationRequest("a", FULL_1))
+    server.generate(GenerationRequest("b", BASE))  # an older game's request: served by ckpt-1's weights
+    assert server.stats()[keys.INFERENCE_POLICY_VERSION] == 1
+    assert server.stats()[keys.INFERENCE_POLICY_VERSION] == 1  # not a count: it outlives the reset
+
+
+def test_the_server_counts_the_prompt_tokens_its_prefix_cache_served(tiny_model_dir):
+    from unstable.inference.base import SamplingConfig
+    from unstable.inference.transformers_backend import TransformersBackend
+
+    server = InferenceServer(lambda: TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=2)))
+    server.start()
+    try:
+        prompt = "Current Board: 0 | 1 | 2 ---+---+--- 3 | 4 | 5 ---+---+--- 6 | 7 | 8. Your move, please. " * 3
+        first = server.generate(GenerationRequest(prompt))
+        second = server.generate(GenerationRequest(prompt))
+    finally:
+        server.stop()
+    length = len(first.prompt_token_ids)
+    assert first.cached_prompt_tokens == 0 and second.cached_prompt_tokens == (length - 1) // 16 * 16 > 0
+    stats = server.stats()
+    assert stats[keys.INFERENCE_PROMPT_TOKENS] == 2 * length
+    assert stats[keys.INFERENCE_CACHED_PROMPT_TOKENS] == second.cached_prompt_tokens
+    assert stats[keys.INFERENCE_PREFIX_CACHE_HIT_RATE] == pytest.approx(second.cached_prompt_tokens / (2 * length))
 
 
 def test_a_stale_games_decision_records_the_weights_that_served_it():

@@ -131,6 +131,9 @@ class _FirstMove:
     def generate(self, request):
         return GenerationResult(f"\\boxed{{{legal_moves(request.prompt)[0]}}}", (1,), (2,), (-0.1,))
 
+    def end_game(self, game):
+        pass
+
 
 def _game_seeds(tmp_path, resume_step: int, games: int = 3) -> set[int]:
     pool = ModelPool()

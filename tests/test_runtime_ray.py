@@ -11,7 +11,7 @@ from unstable.runtime import train
 from unstable.tracking import keys, new_run_dir
 from unstable.tracking.history import LATEST_TABLES_FILE
 
-from .runs import EXAMPLE, tiny_run
+from .runs import EXAMPLE, TWO_ACTORS_LORA, run_rows, tiny_run
 
 pytestmark = pytest.mark.slow  # Ray
 
@@ -77,6 +77,16 @@ def test_a2c_and_an_old_configs_buffer_discount_train_through_unstable_train(tin
     assert penalty["name"] == "PenaltyForInvalidMove"
     rows = [json.loads(line) for line in (tmp_path / "a2c" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["final"] is True and keys.VALUE_LOSS in rows[1]
+
+
+def test_two_inference_actors_both_serve_games_and_both_serve_the_newest_adapter(tiny_model_dir, tmp_path):
+    overrides = tiny_run(tmp_path, tiny_model_dir, "two-actors", "learner.num_steps=2", *TWO_ACTORS_LORA)
+    summary = train(load_config(EXAMPLE, overrides))
+    rows = run_rows(tmp_path / "two-actors")
+    assert summary.learner_steps == 2 and summary.train_failed == 0
+    served = [sum(r[keys.INFERENCE_REQUESTS_BY_ACTOR][actor] for r in rows) for actor in range(2)]
+    assert min(served) > 0, served  # games go to both actors
+    assert rows[-1][keys.INFERENCE_POLICY_VERSION_BY_ACTOR] == [2, 2]  # each loaded ckpt-2 and served it
 
 
 def test_a_new_run_never_writes_into_an_earlier_runs_directory(tmp_path):

@@ -130,6 +130,13 @@ def test_generation_fills_results_like_the_transformers_backend(engine, eos_adap
     assert stop.finish_reason == "stop" and stop.text == "" and len(stop.logprobs) == 1
 
 
+def test_a_result_counts_the_prompt_tokens_vllm_took_from_its_prefix_cache(engine):
+    prompt = get_template("qwen3-zs").render(" ".join([OBSERVATION] * 12) + " (the prefix cache's probe)")
+    engine.generate([GenerationRequest(prompt)])
+    again = engine.generate([GenerationRequest(prompt)])[0]  # vLLM's automatic prefix caching holds its blocks
+    assert 16 <= again.cached_prompt_tokens < len(again.prompt_token_ids)
+
+
 @pytest.mark.parametrize("temperature", [0.7, 0.0])
 def test_logprobs_match_a_transformers_forward_pass(engine, tiny_model_dir, eos_adapter, random_adapter, temperature):
     base = _lora_model(tiny_model_dir, random_adapter.path)

@@ -58,10 +58,14 @@ class Opponent:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One prompt to complete with the policy named by `checkpoint` (None: the base model)."""
+    """One prompt to complete with the policy named by `checkpoint` (None: the base model).
+
+    `game` names the game it belongs to (its seed; None: none): an `InferenceClient` keeps a game's requests, every
+    seat's and branch's, on one inference server, whose prefix cache holds the game's earlier prompts."""
 
     prompt: str
     checkpoint: Checkpoint | None = None
+    game: int | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ class GenerationResult:
 
     `served_by`, set by the inference server, is the checkpoint whose weights produced it: the one requested, or
     the newer full checkpoint loaded in its place (a game started before a full-weight update).
+    `cached_prompt_tokens` of the prompt's tokens came from the engine's prefix cache instead of a prefill.
     """
 
     text: str
@@ -85,6 +90,7 @@ class GenerationResult:
     temperature: float = 1.0
     top_p: float = 1.0
     served_by: Checkpoint | None = None
+    cached_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -12,29 +12,38 @@ from unstable.records import Checkpoint, Decision, GenerationRequest, Generation
 
 
 class GenerationClient(Protocol):
-    """Anything that completes one request: an `InferenceServer`, or a proxy to one living in a Ray actor."""
+    """Anything that completes one request: an `InferenceServer`, a proxy to one living in a Ray actor, or an
+    `InferenceClient` over several; `end_game` tells it a game ended (a router forgets it, a server ignores it)."""
 
     def generate(self, request: GenerationRequest) -> GenerationResult: ...
+
+    def end_game(self, game: int) -> None: ...
 
 
 class PolicyAgent(Agent):
     """Plays with the policy `checkpoint` served by `client`, recording tokens, behaviour log-probs and the
-    sampling settings they were drawn with."""
+    sampling settings they were drawn with; its requests name `game`, the game it plays in (None: none)."""
 
     def __init__(
-        self, client: GenerationClient, checkpoint: Checkpoint, template: PromptTemplate, tokenizer: Any = None
+        self,
+        client: GenerationClient,
+        checkpoint: Checkpoint,
+        template: PromptTemplate,
+        tokenizer: Any = None,
+        game: int | None = None,
     ):
         self.client = client
         self.checkpoint = checkpoint
         self.template = template
         self.tokenizer = tokenizer
+        self.game = game
         self.name = checkpoint.uid
 
     def act(self, observation: str) -> Decision:
         """Sample a completion for the rendered observation and parse the move out of it."""
         prompt = self.template.render(observation, self.tokenizer)
         start = time.perf_counter()
-        result = self.client.generate(GenerationRequest(prompt=prompt, checkpoint=self.checkpoint))
+        result = self.client.generate(GenerationRequest(prompt=prompt, checkpoint=self.checkpoint, game=self.game))
         action, format_ok = extract_action(result.text)
         return Decision(
             action=action,

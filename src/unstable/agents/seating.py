@@ -56,13 +56,18 @@ def _looks_like_path(name: str) -> bool:
 
 
 def make_agent(
-    opponent: Opponent, client: GenerationClient | None, template: PromptTemplate | None, tokenizer: Any, seed: int
+    opponent: Opponent,
+    client: GenerationClient | None,
+    template: PromptTemplate | None,
+    tokenizer: Any,
+    seed: int,
+    game: int | None = None,
 ) -> Agent:
-    """A `PolicyAgent` playing `opponent.checkpoint` through `client` with `template` and `tokenizer`; an
+    """A `PolicyAgent` playing `opponent.checkpoint` through `client` with `template` and `tokenizer` in `game`; an
     `APIAgent` for `opponent.api_model` configured from the environment (`APISettings.from_env`); or else the
     scripted agent `opponent.fixed` drawing its randomness from `seed` (these two need no client or template)."""
     if opponent.checkpoint is not None:
-        return PolicyAgent(client, opponent.checkpoint, template, tokenizer)
+        return PolicyAgent(client, opponent.checkpoint, template, tokenizer, game)
     if opponent.api_model is not None:
         return APIAgent(opponent.api_model, APISettings.from_env())
     return make_scripted_agent(opponent.fixed, seed=seed)

@@ -52,7 +52,8 @@ def game_seed(run_seed: int, resume_step: int, index: int) -> int:
 class Collector:
     """Runs training and evaluation games concurrently and routes their results.
 
-    Each game's seed is `game_seed(seed, resume_step, n)` for the n-th game this collector starts."""
+    Each game's seed is `game_seed(seed, resume_step, n)` for the n-th game this collector starts; its requests
+    name it as their `game`, so an `InferenceClient` keeps the game on one server until it ends."""
 
     def __init__(
         self,
@@ -192,15 +193,18 @@ class Collector:
         agents, learner_ids = seat_agents(
             spec,
             learner_seat,
-            lambda: PolicyAgent(self.client, learner, template, self.tokenizer),
-            lambda pid: make_agent(opponent_of[pid], self.client, template, self.tokenizer, seed=seed + pid),
+            lambda: PolicyAgent(self.client, learner, template, self.tokenizer, game=seed),
+            lambda pid: make_agent(opponent_of[pid], self.client, template, self.tokenizer, seed + pid, game=seed),
             mirror=not is_eval and bool(opponents) and all(o.checkpoint == learner for o in opponents),
         )
         options = {"max_turns": self.cfg.max_turns, "is_eval": is_eval, "learner_player_ids": learner_ids}
-        if is_eval or self.cfg.group_size == 1:
-            records = [play_episode(spec, agents, seed, **options)]
-        else:
-            records = play_branched_episode(spec, agents, seed, self.cfg.group_size, **options)
+        try:
+            if is_eval or self.cfg.group_size == 1:
+                records = [play_episode(spec, agents, seed, **options)]
+            else:
+                records = play_branched_episode(spec, agents, seed, self.cfg.group_size, **options)
+        finally:
+            self.client.end_game(seed)  # the inference client forgets the game's server
         if not is_eval:
             for record in records:
                 self.step_buffer.add_game(record)

@@ -34,9 +34,11 @@ def decoded_result(
     logprobs: list[float],
     finish_reason: str,
     sampling: SamplingConfig,
+    cached_prompt_tokens: int = 0,
 ) -> GenerationResult:
     """A result whose text is the completion decoded without special tokens (the eos token stays in the ids),
-    saying the temperature and top_p of `sampling`, which drew the tokens."""
+    saying the temperature and top_p of `sampling`, which drew the tokens, and how many prompt tokens the prefix
+    cache gave."""
     text = tokenizer.decode(tokens, skip_special_tokens=True)
     return GenerationResult(
         text,
@@ -46,6 +48,7 @@ def decoded_result(
         finish_reason,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
+        cached_prompt_tokens=cached_prompt_tokens,
     )
 
 

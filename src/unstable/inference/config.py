@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, field_validator
 
 from unstable.inference.base import SamplingConfig
@@ -37,8 +39,14 @@ class InferenceConfig(Settings):
         1,
         ge=1,
         le=64,
-        description="inference server actors; the collector spreads requests over them (at most 64: each holds its "
-        "own copy of the model)",
+        description="inference server actors; the collector routes requests over them by `routing` (at most 64: "
+        "each holds its own copy of the model)",
+    )
+    routing: Literal["game", "least_outstanding"] = Field(
+        "game",
+        description="`game`: each game stays on the actor it first went to (its prompts' prefixes are cached there) "
+        "unless that actor has over 2x the least busy one's requests in flight + 2; `least_outstanding`: every "
+        "request to the least busy actor",
     )
     max_restarts: int = Field(3, ge=0, description="times Ray restarts an inference actor whose process died")
 

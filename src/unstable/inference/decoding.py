@@ -33,6 +33,7 @@ class Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str = ""
+    cached: int = 0  # prompt tokens taken from the prefix cache
 
 
 def sample_tokens(
@@ -109,6 +110,8 @@ class DecodeBatch:
             return []
         cached = [self.prefix_cache.lookup(r.prompt, r.adapter) if self.prefix_cache else [] for r in rows]
         skip = [BLOCK * len(blocks) for blocks in cached]  # prompt tokens each row takes from the cache
+        for row, n in zip(rows, skip):
+            row.cached = n
         fresh = [r.prompt[n:] for r, n in zip(rows, skip)]
         past_width, width = max(skip), max(len(f) for f in fresh)
         # each row: [pad, cached prefix | pad, fresh tokens]; the mask hides the pads, positions stay the prompt's

@@ -109,8 +109,13 @@ class InferenceServer:
                 return future
         return self._submit_direct(request)
 
+    def end_game(self, game: int) -> None:
+        """Nothing to forget: one server serves every game (an `InferenceClient` over several routes by game)."""
+
     def stats(self, reset: bool = True) -> dict[str, float]:
-        """Throughput counters since the last reset: requests, batches, generated tokens, tokens/s.
+        """Throughput counters since the last reset: requests, batches, generated tokens, tokens/s, prompt tokens
+        and those the prefix cache gave; and the newest checkpoint version served so far (-1: the initial policy's,
+        or none yet).
 
         With a self-batching backend every request counts as one batch and `busy_fraction` is the mean
         number of requests in flight.
@@ -281,10 +286,13 @@ class InferenceServer:
         self._engine.clear()
 
     def _finish(self, finished: list[tuple[int, GenerationResult]], rows: int, seconds: float) -> None:
-        self._counters.add(rows, [result for _, result in finished], seconds)
+        results = []
         for tag, result in finished:  # the weights have not changed since these rows were admitted
             request, future = self._active.pop(tag)
-            future.set_result(replace(result, served_by=self._served_by(request.checkpoint)))
+            results.append((future, replace(result, served_by=self._served_by(request.checkpoint))))
+        self._counters.add(rows, [result for _, result in results], seconds)
+        for future, result in results:
+            future.set_result(result)
 
     def _fail(self, items: dict[int, tuple[GenerationRequest, Future]], exc: Exception) -> None:
         for _, future in items.values():
@@ -369,14 +377,30 @@ class StaticBatches:
 
 def merge_stats(per_server: list[dict[str, float]]) -> dict[str, float]:
     """One `stats()` row for several servers: counts and tokens/s add up, rows per forward pass is the mean over
-    every server's forward passes, busy fraction the mean over servers; each server's own tokens/s is kept, in
-    server order, under `inference/tokens_per_s_by_actor`."""
+    every server's forward passes, busy fraction the mean over servers, the prefix cache hit rate the share over
+    every server's prompt tokens; each server's own tokens/s, requests and newest checkpoint served are kept, in
+    server order, under `inference/tokens_per_s_by_actor`, `inference/requests_by_actor` and
+    `inference/policy_version_by_actor`."""
     merged = {key: sum(stats[key] for stats in per_server) for key in _SUMMED}
-    merged[keys.INFERENCE_TOKENS_PER_S_BY_ACTOR] = [stats[keys.INFERENCE_TOKENS_PER_S] for stats in per_server]
+    for key, by_actor in _BY_ACTOR.items():
+        merged[by_actor] = [stats[key] for stats in per_server]
     rows = sum(s[keys.INFERENCE_MEAN_BATCH_SIZE] * s[keys.INFERENCE_BATCHES] for s in per_server)
     merged[keys.INFERENCE_MEAN_BATCH_SIZE] = rows / max(merged[keys.INFERENCE_BATCHES], 1)
     merged[keys.INFERENCE_BUSY_FRACTION] = sum(s[keys.INFERENCE_BUSY_FRACTION] for s in per_server) / len(per_server)
+    merged[keys.INFERENCE_PREFIX_CACHE_HIT_RATE] = _hit_rate(
+        merged[keys.INFERENCE_CACHED_PROMPT_TOKENS], merged[keys.INFERENCE_PROMPT_TOKENS]
+    )
     return merged
+
+
+def idle_stats() -> dict[str, float]:
+    """The `stats()` of a server that served nothing and holds no checkpoint (a fresh one)."""
+    return _Counters().snapshot(reset=False)
+
+
+def _hit_rate(cached_tokens: int, prompt_tokens: int) -> float:
+    """The share of prompt tokens that came from a prefix cache (0 with none)."""
+    return cached_tokens / max(prompt_tokens, 1)
 
 
 _SUMMED = (
@@ -384,14 +408,23 @@ _SUMMED = (
     keys.INFERENCE_BATCHES,
     keys.INFERENCE_GENERATED_TOKENS,
     keys.INFERENCE_TOKENS_PER_S,
+    keys.INFERENCE_PROMPT_TOKENS,
+    keys.INFERENCE_CACHED_PROMPT_TOKENS,
 )
+_BY_ACTOR = {
+    keys.INFERENCE_TOKENS_PER_S: keys.INFERENCE_TOKENS_PER_S_BY_ACTOR,
+    keys.INFERENCE_REQUESTS: keys.INFERENCE_REQUESTS_BY_ACTOR,
+    keys.INFERENCE_POLICY_VERSION: keys.INFERENCE_POLICY_VERSION_BY_ACTOR,
+}
 
 
 class _Counters:
-    """Thread-safe throughput counters; a batch is one forward pass (a decode step) over the running rows."""
+    """Thread-safe throughput counters; a batch is one forward pass (a decode step) over the running rows. The
+    newest checkpoint version served is kept across resets."""
 
     def __init__(self):
         self._lock = threading.Lock()
+        self.newest_version = -1  # the initial policy's version (the pool's iteration -1)
         self._reset()
 
     def _reset(self) -> None:
@@ -399,16 +432,23 @@ class _Counters:
         self.batches = 0
         self.batch_rows = 0
         self.tokens = 0
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
         self.busy_s = 0.0
         self.since = time.perf_counter()
 
     def add(self, rows: int, finished: list[GenerationResult], seconds: float) -> None:
-        """Count one forward pass over `rows` rows (0: an admission) that finished `finished`."""
+        """Count one forward pass over `rows` rows (0: an admission) that finished `finished` (their `served_by`
+        set)."""
         with self._lock:
             self.requests += len(finished)
             self.batches += rows > 0
             self.batch_rows += rows
             self.tokens += sum(len(r.completion_token_ids) for r in finished)
+            self.prompt_tokens += sum(len(r.prompt_token_ids) for r in finished)
+            self.cached_tokens += sum(r.cached_prompt_tokens for r in finished)
+            versions = [r.served_by.version for r in finished if r.served_by is not None]
+            self.newest_version = max([self.newest_version, *versions])
             self.busy_s += seconds
 
     def snapshot(self, reset: bool) -> dict[str, float]:
@@ -421,6 +461,10 @@ class _Counters:
                 keys.INFERENCE_TOKENS_PER_S: self.tokens / elapsed,
                 keys.INFERENCE_MEAN_BATCH_SIZE: self.batch_rows / max(self.batches, 1),
                 keys.INFERENCE_BUSY_FRACTION: self.busy_s / elapsed,
+                keys.INFERENCE_PROMPT_TOKENS: self.prompt_tokens,
+                keys.INFERENCE_CACHED_PROMPT_TOKENS: self.cached_tokens,
+                keys.INFERENCE_PREFIX_CACHE_HIT_RATE: _hit_rate(self.cached_tokens, self.prompt_tokens),
+                keys.INFERENCE_POLICY_VERSION: self.newest_version,
             }
             if reset:
                 self._reset()

@@ -147,7 +147,9 @@ class TransformersBackend(InferenceBackend):
         return [
             (
                 row.tag,
-                decoded_result(self.tokenizer, row.prompt, row.tokens, row.logprobs, row.finish_reason, self.sampling),
+                decoded_result(
+                    self.tokenizer, row.prompt, row.tokens, row.logprobs, row.finish_reason, self.sampling, row.cached
+                ),
             )
             for row in rows
         ]

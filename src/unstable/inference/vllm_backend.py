@@ -204,7 +204,10 @@ class VLLMBackend(InferenceBackend):
                 self.adapter_ids.release(lora.lora_int_id)
         tokens = list(completion.token_ids)
         logprobs = [position[token].logprob for token, position in zip(tokens, completion.logprobs)]
-        return decoded_result(self.tokenizer, prompt_ids, tokens, logprobs, completion.finish_reason, self.sampling)
+        cached = output.num_cached_tokens or 0  # vLLM's automatic prefix caching
+        return decoded_result(
+            self.tokenizer, prompt_ids, tokens, logprobs, completion.finish_reason, self.sampling, cached
+        )
 
     async def _lora_request(self, checkpoint: Checkpoint | None) -> LoRARequest | None:
         """The held `LoRARequest` naming `checkpoint` (None when it runs on the base weights: the base model, or a

@@ -191,7 +191,8 @@ class CollectorActor(Collector):
         # the original API names its games in flight later, in `collect(num_workers)`: any number up to the bound
         games = MAX_GAMES_IN_FLIGHT if vllm_config is not None else cfg.games_in_flight()
         servers = _start_servers(model_path, inference, dtype, seed, resume_step, lora_rank, games)
-        client = InferenceClient([RemoteProxy(server) for server in servers])
+        proxies = [RemoteProxy(server) for server in servers]
+        client = InferenceClient(proxies, by_game=inference.routing == "game", unavailable=_actor_gone)
         super().__init__(
             client,
             RemoteProxy(model_pool, fire_and_forget={"record_game"}),
@@ -212,8 +213,9 @@ class InferenceServerActor(InferenceServer):
 
     `backend_factory(seed=...)` builds its engine, sampling from the stream `seed` names (one per actor, see
     `_start_servers`). A restarted one loads its engine again at once, with `seed` mixed with a fresh restart nonce
-    so it does not replay the stream its dead process began. The games that were waiting on the dead one fail
-    (counted in `collector/failed_games` and by cause) and the collector starts new games in their place.
+    so it does not replay the stream its dead process began. Meanwhile the collector's `InferenceClient` sends its
+    requests to the other actors (`_actor_gone`); with none, the games waiting on it fail (counted in
+    `collector/failed_games` and by cause) and the collector starts new games in their place.
     """
 
     def __init__(self, backend_factory, cfg: InferenceConfig, seed: int = 0):
@@ -230,6 +232,12 @@ class InferenceServerActor(InferenceServer):
         super().__init__(functools.partial(backend_factory, seed=seed), cfg)
         if restarted:
             self.start()
+
+
+def _actor_gone(exc: BaseException) -> bool:
+    """Whether `exc`, raised by a call to an inference actor, says its process died (and Ray restarts it): the
+    request never ran there, or its answer is lost, so another actor may serve it."""
+    return isinstance(exc, ray.exceptions.RayActorError)
 
 
 def _mixed_seed(*parts: int) -> int:

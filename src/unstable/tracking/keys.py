@@ -84,6 +84,12 @@ INFERENCE_TOKENS_PER_S = "inference/tokens_per_s"
 INFERENCE_TOKENS_PER_S_BY_ACTOR = "inference/tokens_per_s_by_actor"  # [tokens/s of server 0, server 1, ...]
 INFERENCE_MEAN_BATCH_SIZE = "inference/mean_batch_size"
 INFERENCE_BUSY_FRACTION = "inference/busy_fraction"
+INFERENCE_REQUESTS_BY_ACTOR = "inference/requests_by_actor"  # [requests of server 0, server 1, ...]
+INFERENCE_PROMPT_TOKENS = "inference/prompt_tokens"  # prompt tokens of the requests finished
+INFERENCE_CACHED_PROMPT_TOKENS = "inference/cached_prompt_tokens"  # of which taken from a prefix cache
+INFERENCE_PREFIX_CACHE_HIT_RATE = "inference/prefix_cache_hit_rate"  # cached / prompt tokens
+INFERENCE_POLICY_VERSION = "inference/policy_version"  # one server's newest checkpoint served (-1: the initial)
+INFERENCE_POLICY_VERSION_BY_ACTOR = "inference/policy_version_by_actor"  # [newest served by server 0, 1, ...]
 
 # step buffer
 BUFFER_SIZE = "buffer/size"
