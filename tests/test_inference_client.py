@@ -33,6 +33,8 @@ class _FakeServer:
             "inference/tokens_per_s": 10.0,
             "inference/mean_batch_size": float(len(self.seen)),
             "inference/busy_fraction": 0.5 if self.name == "a" else 1.0,
+            "inference/checkpoints_fetched": 1,
+            "inference/checkpoint_bytes_fetched": 10,
         }
 
 
@@ -68,6 +70,7 @@ def test_stats_merge_over_servers_and_the_client_pickles():
     assert stats["inference/requests"] == 3 and stats["inference/generated_tokens"] == 9
     assert stats["inference/tokens_per_s"] == 20.0 and stats["inference/mean_batch_size"] == 1.5
     assert stats["inference/busy_fraction"] == 0.75
+    assert stats["inference/checkpoints_fetched"] == 2 and stats["inference/checkpoint_bytes_fetched"] == 20
 
 
 def test_num_actors_must_be_positive():

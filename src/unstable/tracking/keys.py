@@ -84,6 +84,8 @@ INFERENCE_TOKENS_PER_S = "inference/tokens_per_s"
 INFERENCE_TOKENS_PER_S_BY_ACTOR = "inference/tokens_per_s_by_actor"  # [tokens/s of server 0, server 1, ...]
 INFERENCE_MEAN_BATCH_SIZE = "inference/mean_batch_size"
 INFERENCE_BUSY_FRACTION = "inference/busy_fraction"
+INFERENCE_CHECKPOINTS_FETCHED = "inference/checkpoints_fetched"  # unpacked from another node's disk
+INFERENCE_CHECKPOINT_BYTES = "inference/checkpoint_bytes_fetched"
 
 # step buffer
 BUFFER_SIZE = "buffer/size"
