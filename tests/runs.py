@@ -14,6 +14,7 @@ The tests of the paths users take (engine x fine-tuning x dtype x inference acto
 | vLLM, full fine-tuning | `test_vllm_backend`: no failed game, the new weights serve |
 | LoRA warm start, killed in it and twice in RL, resumed each time | `test_resume_kill` |
 | transformers, full fine-tuning, every weight load failing | `test_faults`: the run stops with the cause, status 1 |
+| transformers, LoRA, the inference actor on a second Ray node, resumed | `test_ray_cluster`: checkpoints shipped |
 """
 
 from pathlib import Path
