@@ -150,6 +150,14 @@ def _resume_without_the_warm_start(tmp_path: Path) -> None:
     resume_training(tmp_path)
 
 
+def _num_cpus_on_a_cluster(tmp_path: Path) -> None:
+    os.environ["RAY_ADDRESS"] = "10.0.0.1:6379"  # joining a cluster
+    try:
+        _with("run.num_cpus=2")(tmp_path)
+    finally:
+        del os.environ["RAY_ADDRESS"]
+
+
 CASES = [
     ("an unknown section", _with("learnr.num_steps=3"), "learnr"),
     ("an unknown field (a typo)", _with("learner.batch_sise=3"), "learner.batch_sise"),
@@ -260,6 +268,9 @@ CASES = [
         "minibatch_size",
     ),
     ("more learner GPUs than the machine has", _with("learner.num_gpus=1", "learner.num_learners=2"), "num_learners"),
+    ("GPUs among the inference actors' custom resources", _with("inference.resources={GPU: 1}"), "inference.resources"),
+    ("a custom resource amount of 0", _with("inference.resources={node2: 0}"), "inference.resources"),
+    ("a CPU cap on a Ray cluster it joins", _num_cpus_on_a_cluster, "run.num_cpus"),
 ]
 
 

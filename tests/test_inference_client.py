@@ -46,6 +46,8 @@ class _FakeServer:
             "inference/cached_prompt_tokens": len(self.seen) if self.name == "a" else 0,
             "inference/prefix_cache_hit_rate": 0.5 if self.name == "a" else 0.0,
             "inference/policy_version": 3 if self.name == "a" else -1,
+            "inference/checkpoints_fetched": 1,
+            "inference/checkpoint_bytes_fetched": 10,
         }
 
 
@@ -189,6 +191,7 @@ def test_stats_merge_over_servers_and_the_client_pickles():
     assert stats["inference/requests_by_actor"] == [2, 1] and stats["inference/policy_version_by_actor"] == [3, -1]
     assert stats["inference/prompt_tokens"] == 6 and stats["inference/cached_prompt_tokens"] == 2
     assert stats["inference/prefix_cache_hit_rate"] == pytest.approx(2 / 6)  # over both servers' prompt tokens
+    assert stats["inference/checkpoints_fetched"] == 2 and stats["inference/checkpoint_bytes_fetched"] == 20
 
 
 class _Gone(Exception):

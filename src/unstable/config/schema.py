@@ -31,7 +31,14 @@ class RunSection(Settings):
     name: str = Field("run", description="the run directory's name under `dir` (taken: `NAME-2`, `NAME-3`, ...)")
     dir: str = Field("runs", description="the folder that holds run directories")
     seed: int = Field(0, description="seeds the warm start, the games and the inference actors' sampling")
-    num_cpus: int | None = Field(None, ge=1, description="CPUs Ray may use (None: all)")
+    num_cpus: int | None = Field(
+        None, ge=1, description="CPUs Ray may use (None: all); unset when joining a Ray cluster (`RAY_ADDRESS`)"
+    )
+    shared_storage: bool = Field(
+        False,
+        description="every node of the Ray cluster sees `dir` at the same path (a shared filesystem): inference actors "
+        "on other nodes read checkpoints there; false: they get them through Ray's object store",
+    )
 
     @property
     def path(self) -> Path:

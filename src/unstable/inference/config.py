@@ -49,6 +49,11 @@ class InferenceConfig(Settings):
         "request to the least busy actor",
     )
     max_restarts: int = Field(3, ge=0, description="times Ray restarts an inference actor whose process died")
+    resources: dict[str, float] = Field(
+        {},
+        description="custom Ray resources each inference actor needs, e.g. `{inference_node: 1}` to place it on the "
+        "nodes started with `ray start --resources='{\"inference_node\": 8}'` (CPUs and GPUs: `num_gpus`)",
+    )
 
     @field_validator("backend")
     @classmethod
@@ -56,6 +61,19 @@ class InferenceConfig(Settings):
         from unstable.inference import BACKENDS
 
         return check_registered(value, BACKENDS, "inference backend")
+
+    @field_validator("resources")
+    @classmethod
+    def _custom_resources(cls, value: dict[str, float]) -> dict[str, float]:
+        reserved = sorted(name for name in value if name in ("CPU", "GPU", "memory", "object_store_memory"))
+        if reserved:
+            raise ValueError(
+                f"{reserved}: Ray's own resources, not custom ones (an actor's GPUs are inference.num_gpus)"
+            )
+        negative = sorted(name for name, amount in value.items() if amount <= 0)
+        if negative:
+            raise ValueError(f"{negative}: each amount must be > 0")
+        return value
 
     @property
     def device(self) -> str:

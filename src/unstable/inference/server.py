@@ -18,6 +18,10 @@ weights, and every result's `served_by` names the checkpoint that actually produ
 
 No request waits forever: a fault in the batching thread fails the requests it touched and the thread goes on; if
 the thread dies anyway, or the server stops, every pending and later request fails saying so.
+
+A server on another node than the checkpoints' is given a `CheckpointCache`: every checkpoint reaches the backend
+by its path in that cache (fetched on the calling thread when a request arrives, so the batching thread seldom
+waits for it); `served_by` still names the checkpoint as the request named it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 
 from unstable.inference.base import InferenceBackend
+from unstable.inference.checkpoints import CheckpointCache
 from unstable.inference.config import InferenceConfig
 from unstable.records import Checkpoint, GenerationRequest, GenerationResult
 from unstable.tracking import keys
@@ -46,11 +51,18 @@ FAIL_LOADS_ENV = "UNSTABLE_TEST_FAIL_WEIGHT_LOADS"
 
 
 class InferenceServer:
-    """Micro-batches concurrent generation requests onto one backend and hot-swaps LoRA checkpoints."""
+    """Micro-batches concurrent generation requests onto one backend and hot-swaps LoRA checkpoints; with
+    `checkpoints`, loads every checkpoint from that node-local cache (this node cannot see their paths)."""
 
-    def __init__(self, backend_factory: Callable[[], InferenceBackend], cfg: InferenceConfig | None = None):
+    def __init__(
+        self,
+        backend_factory: Callable[[], InferenceBackend],
+        cfg: InferenceConfig | None = None,
+        checkpoints: CheckpointCache | None = None,
+    ):
         cfg = cfg or InferenceConfig()
         self._backend_factory = backend_factory
+        self._checkpoints = checkpoints
         self.max_batch_size = cfg.max_batch_size
         self.batch_wait_s = cfg.batch_wait_ms / 1000.0
         self.max_loras = cfg.max_loras
@@ -90,6 +102,8 @@ class InferenceServer:
         self._queue.put((None, None))  # type: ignore[arg-type]  # wakes the worker
         if self._worker is not None and self._worker is not threading.current_thread():
             self._worker.join(timeout_s)
+        if self._checkpoints is not None:
+            self._checkpoints.close()
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         """Complete one request (blocking until its batch ran)."""
@@ -100,6 +114,7 @@ class InferenceServer:
         RuntimeError once the server stopped or its batching thread died (saying so, with the cause)."""
         if self._backend is None:
             raise RuntimeError("InferenceServer.start() was not called")
+        self._on_disk(request.checkpoint)  # fetched here, on the caller's thread, not on the batching thread
         with self._accepting:
             if self._stopped.is_set():
                 raise RuntimeError(self._closed or "inference server stopped")
@@ -118,9 +133,14 @@ class InferenceServer:
         or none yet).
 
         With a self-batching backend every request counts as one batch and `busy_fraction` is the mean
-        number of requests in flight.
+        number of requests in flight. Checkpoints fetched from another node (and their bytes) count too.
         """
-        return self._counters.snapshot(reset)
+        fetched = self._checkpoints.stats(reset) if self._checkpoints is not None else dict.fromkeys(_FETCHED, 0)
+        return self._counters.snapshot(reset) | fetched
+
+    def _on_disk(self, checkpoint: Checkpoint | None) -> Checkpoint | None:
+        """`checkpoint` as this node reads it: from the checkpoint cache when there is one."""
+        return self._checkpoints.local(checkpoint) if self._checkpoints is not None else checkpoint
 
     def _submit_direct(self, request: GenerationRequest) -> Future:
         """Hand one request to the self-batching backend, on the weights `_enter` chose; the returned future
@@ -140,7 +160,8 @@ class InferenceServer:
             future.set_result(result)
 
         try:
-            self._backend.submit(request).add_done_callback(finish)
+            on_disk = replace(request, checkpoint=self._on_disk(request.checkpoint))
+            self._backend.submit(on_disk).add_done_callback(finish)
         except BaseException:
             self._leave()
             raise
@@ -307,7 +328,7 @@ class InferenceServer:
         """Full fine-tuning: load a newer full checkpoint into the base weights (no request is running)."""
         if os.environ.get(FAIL_LOADS_ENV):
             raise RuntimeError(f"full checkpoint {checkpoint.path} not loaded: {FAIL_LOADS_ENV} is set")
-        self._backend.load_weights(checkpoint.path)
+        self._backend.load_weights(self._on_disk(checkpoint).path)
         self._full_weights = checkpoint
 
     def _served_by(self, checkpoint: Checkpoint | None) -> Checkpoint | None:
@@ -329,7 +350,7 @@ class InferenceServer:
                 victim = next(u for u in self._resident if u not in keep)
                 self._backend.unload_adapter(victim)
                 del self._resident[victim]
-            self._backend.load_adapter(checkpoint)
+            self._backend.load_adapter(self._on_disk(checkpoint))
             self._resident[uid] = checkpoint
 
     def _close(self, reason: str) -> None:
@@ -403,6 +424,7 @@ def _hit_rate(cached_tokens: int, prompt_tokens: int) -> float:
     return cached_tokens / max(prompt_tokens, 1)
 
 
+_FETCHED = (keys.INFERENCE_CHECKPOINTS_FETCHED, keys.INFERENCE_CHECKPOINT_BYTES)
 _SUMMED = (
     keys.INFERENCE_REQUESTS,
     keys.INFERENCE_BATCHES,
@@ -410,6 +432,7 @@ _SUMMED = (
     keys.INFERENCE_TOKENS_PER_S,
     keys.INFERENCE_PROMPT_TOKENS,
     keys.INFERENCE_CACHED_PROMPT_TOKENS,
+    *_FETCHED,
 )
 _BY_ACTOR = {
     keys.INFERENCE_TOKENS_PER_S: keys.INFERENCE_TOKENS_PER_S_BY_ACTOR,

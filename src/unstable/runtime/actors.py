@@ -6,6 +6,9 @@ name="Tracker").remote(run_name=..., wandb_project=...)`, ...) and `runtime.topo
 YAML/CLI path calls. Each shell subclasses its plain class, so every method of the component is an actor method;
 other actors' handles are wrapped in `RemoteProxy` so the plain code calls them like local objects. Shells reserve
 no Ray CPU (their work is waiting or is placed by GPUs), so a whole run fits on a 2-CPU machine.
+
+Across nodes: the actors that write the run directory run on the driver's node (`runtime.topology`); an inference
+actor on another node gets the checkpoints written there through Ray's object store (`CheckpointSource`).
 """
 
 from __future__ import annotations
@@ -19,13 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from unstable.algorithms.base import BaseAlgo
 from unstable.buffer import StepBuffer
 from unstable.buffer.config import BufferConfig
 from unstable.collector import Collector
 from unstable.collector.config import MAX_GAMES_IN_FLIGHT, CollectorConfig
+from unstable.config.schema import check_model_path
 from unstable.inference import InferenceClient, InferenceConfig, InferenceServer
+from unstable.inference.checkpoints import CheckpointCache, pack_directory
 from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
 from unstable.learner.parallel import DataParallel, free_port
 from unstable.pool import ModelPool
@@ -43,6 +49,25 @@ log = logging.getLogger(__name__)
 SHELL = {"num_cpus": 0, "enable_task_events": False}
 # Inference actor calls beside the games' requests: starting, weights and adapters, statistics, stopping.
 CONTROL_CALLS = 16
+# An inference actor on another node keeps this many checkpoints per resident adapter (`max_loras`) unpacked: the
+# resident ones plus as many recently used (vLLM may read an adapter's files again after loading it once).
+CACHED_PER_LORA = 2
+
+
+def on_node(node_id: str) -> NodeAffinitySchedulingStrategy:
+    """Ray's scheduling strategy that places an actor or task on node `node_id` and nowhere else."""
+    return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+
+
+@ray.remote(num_cpus=0)
+def model_problem(model_path: str) -> str | None:
+    """What is wrong with `model_path` as a base model on the node this task runs on (`check_model_path`), None
+    when nothing is."""
+    try:
+        check_model_path(model_path)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def log_to_run_dir(run_dir: str | Path, component: str) -> None:
@@ -146,6 +171,16 @@ def inference_from_vllm_config(vllm_config: dict[str, Any]) -> tuple[str, Infere
     return model, InferenceConfig(**settings)
 
 
+@ray.remote(**SHELL, max_concurrency=CONTROL_CALLS)
+class CheckpointSource:
+    """Packs checkpoint directories of its node's disk (where the learner writes them) for inference actors on
+    other nodes; each packed checkpoint reaches them through Ray's object store."""
+
+    def pack(self, path: str) -> bytes:
+        """The checkpoint directory `path` of this node, packed (`inference.checkpoints.pack_directory`)."""
+        return pack_directory(path)
+
+
 @ray.remote(**SHELL, max_concurrency=8)
 class CollectorActor(Collector):
     """The original API's `Collector(num_actors, step_buffer, model_pool, tracker, vllm_config, training_envs,
@@ -157,7 +192,8 @@ class CollectorActor(Collector):
     players, template)`; the original API's one `evaluation_opponent` is the list of that opponent. Finished games go to
     the buffer, the pool and the tracker without waiting for an answer; per game the collector waits only for its
     opponents (`ModelPool.sample_match`). A resumed run passes the learner step it resumed from as `resume_step`:
-    its games and inference actors then draw seeds that no earlier session of the run used.
+    its games and inference actors then draw seeds that no earlier session of the run used. `checkpoint_node` is
+    the Ray node whose disk holds the checkpoints (None: every inference actor's node sees their paths).
     """
 
     def __init__(
@@ -175,6 +211,7 @@ class CollectorActor(Collector):
         seed: int = 0,
         resume_step: int = 0,
         lora_rank: int | None = None,
+        checkpoint_node: str | None = None,
         **settings,
     ):
         _log_with(tracker, "collector")
@@ -190,7 +227,7 @@ class CollectorActor(Collector):
         cfg = CollectorConfig(**settings)
         # the original API names its games in flight later, in `collect(num_workers)`: any number up to the bound
         games = MAX_GAMES_IN_FLIGHT if vllm_config is not None else cfg.games_in_flight()
-        servers = _start_servers(model_path, inference, dtype, seed, resume_step, lora_rank, games)
+        servers = _start_servers(model_path, inference, dtype, seed, resume_step, lora_rank, games, checkpoint_node)
         proxies = [RemoteProxy(server) for server in servers]
         client = InferenceClient(proxies, by_game=inference.routing == "game", unavailable=_actor_gone)
         super().__init__(
@@ -216,9 +253,14 @@ class InferenceServerActor(InferenceServer):
     so it does not replay the stream its dead process began. Meanwhile the collector's `InferenceClient` sends its
     requests to the other actors (`_actor_gone`); with none, the games waiting on it fail (counted in
     `collector/failed_games` and by cause) and the collector starts new games in their place.
+
+    An actor on another node than `checkpoint_node` (the node whose disk holds the checkpoints; None: every node
+    sees them) loads every checkpoint from a node-local cache, fetched from `source` (a `CheckpointSource` there).
     """
 
-    def __init__(self, backend_factory, cfg: InferenceConfig, seed: int = 0):
+    def __init__(
+        self, backend_factory, cfg: InferenceConfig, seed: int = 0, checkpoint_node: str | None = None, source=None
+    ):
         restarted = ray.get_runtime_context().was_current_actor_reconstructed
         if restarted:
             nonce = secrets.randbits(32)
@@ -229,7 +271,9 @@ class InferenceServerActor(InferenceServer):
                 seed,
                 nonce,
             )
-        super().__init__(functools.partial(backend_factory, seed=seed), cfg)
+        super().__init__(
+            functools.partial(backend_factory, seed=seed), cfg, _checkpoint_cache(cfg, checkpoint_node, source)
+        )
         if restarted:
             self.start()
 
@@ -238,6 +282,19 @@ def _actor_gone(exc: BaseException) -> bool:
     """Whether `exc`, raised by a call to an inference actor, says its process died (and Ray restarts it): the
     request never ran there, or its answer is lost, so another actor may serve it."""
     return isinstance(exc, ray.exceptions.RayActorError)
+
+
+def _checkpoint_cache(cfg: InferenceConfig, checkpoint_node: str | None, source) -> CheckpointCache | None:
+    """A node-local cache of the checkpoints fetched from `source`, when this actor's node is not `checkpoint_node`
+    (Ray's node ids, not a probe of the filesystem, which a shared mount would fool); else None."""
+    here = ray.get_runtime_context().get_node_id()
+    if checkpoint_node is None or here == checkpoint_node:
+        return None
+    cache = CheckpointCache(lambda path: ray.get(source.pack.remote(path)), capacity=CACHED_PER_LORA * cfg.max_loras)
+    log.warning(
+        "inference actor on node %s: checkpoints of node %s are fetched into %s", here, checkpoint_node, cache.root
+    )
+    return cache
 
 
 def _mixed_seed(*parts: int) -> int:
@@ -254,12 +311,15 @@ def _start_servers(
     resume_step: int = 0,
     lora_rank: int | None = None,
     games_in_flight: int = MAX_GAMES_IN_FLIGHT,
+    checkpoint_node: str | None = None,
 ) -> list:
     """`inference.num_actors` started inference server actors, serving adapters up to `lora_rank`, each sampling
     with its own seed, mixed from the run's `seed`, its index and `resume_step` (0 for a fresh run): no two actors,
     nor two sessions of a resumed run, share a stream. The seeds are logged. Each actor gets a Ray thread per game
     in flight and `CONTROL_CALLS` more: Ray makes every thread of a threaded actor, and over a long run each one is
-    used and its stack touched (4,096 threads grew the soak's inference actor by ~0.1 MB per learner step)."""
+    used and its stack touched (4,096 threads grew the soak's inference actor by ~0.1 MB per learner step).
+    Each actor needs `inference.resources` besides its GPUs; one placed on another node than `checkpoint_node` gets
+    the checkpoints from a `CheckpointSource` started there."""
     from unstable.inference import make_backend
 
     needed, have = inference.num_gpus * inference.num_actors, ray.cluster_resources().get("GPU", 0.0)
@@ -271,12 +331,16 @@ def _start_servers(
     factory = functools.partial(make_backend, model_path, inference, dtype=dtype, lora_rank=lora_rank)
     seeds = [_mixed_seed(seed, index, resume_step) for index in range(inference.num_actors)]
     log.warning("inference actors sample with seeds %s (run seed %d, resume step %d)", seeds, seed, resume_step)
+    source = None
+    if checkpoint_node is not None:
+        source = CheckpointSource.options(scheduling_strategy=on_node(checkpoint_node)).remote()
     servers = [
         InferenceServerActor.options(
             num_gpus=inference.num_gpus,
+            resources=inference.resources,
             max_restarts=inference.max_restarts,
             max_concurrency=games_in_flight + CONTROL_CALLS,
-        ).remote(factory, inference, actor_seed)
+        ).remote(factory, inference, actor_seed, checkpoint_node, source)
         for actor_seed in seeds
     ]
     ray.get([server.start.remote() for server in servers])

@@ -283,9 +283,14 @@ def check_run_dir(cfg: RunConfig) -> None:
 
 def check_resources(cfg: RunConfig) -> None:
     """Fail before any heavy start when the run asks for more GPUs than this machine has (on a local Ray; a
-    cluster given by RAY_ADDRESS is not checked here)."""
+    cluster given by RAY_ADDRESS is not checked here), or caps the CPUs of a Ray cluster it joins."""
     import torch
 
+    if cfg.run.num_cpus is not None and "RAY_ADDRESS" in os.environ:
+        raise ConfigError(
+            f"run.num_cpus = {cfg.run.num_cpus}: a run that joins a Ray cluster (RAY_ADDRESS is set) uses the CPUs its "
+            "nodes were started with; leave run.num_cpus unset"
+        )
     learner, inference = cfg.learner, cfg.inference
     needed = learner.num_gpus * learner.num_learners + inference.num_gpus * inference.num_actors
     have = torch.cuda.device_count()

@@ -2,6 +2,11 @@
 
 No component constructs another. `build_topology(cfg, run_dir)` creates the actors of `runtime.actors` (the
 shells that original-API scripts create by hand) and returns their handles; `runtime.driver.run` drives them.
+
+On a Ray cluster every actor that writes the run directory (Tracker, StepBuffer, ModelPool, Collector and the
+learner, which all log there, the learner also saving checkpoints and states) runs on the driver's node; only the
+inference actors go elsewhere (`inference.resources` says where). Checkpoints reach them through Ray's object store
+unless `run.shared_storage` says every node sees the run directory.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from unstable.config import RunConfig
+from unstable.config import ConfigError, RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -79,17 +84,33 @@ def build_topology(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> Topol
     """
     import ray
 
-    from unstable.runtime.actors import CollectorActor, LearnerActor, ModelPoolActor, StepBufferActor, TrackerActor
+    from unstable.runtime.actors import (
+        CollectorActor,
+        LearnerActor,
+        ModelPoolActor,
+        StepBufferActor,
+        TrackerActor,
+        on_node,
+    )
 
     model_path = resolve_model_path(cfg)
     seed = cfg.run.seed
-    tracker = TrackerActor.options(name="Tracker").remote(cfg.run.name, run_dir=str(run_dir.resolve()), cfg=cfg.tracker)
-    buffer = StepBufferActor.options(name="StepBuffer").remote(
+    driver_node = ray.get_runtime_context().get_node_id()
+    others = _other_nodes(cfg, driver_node)
+    _check_model_on(others, model_path)
+    learner_placement = _learner_placement(cfg, driver_node)  # refused before any actor starts
+    here = on_node(driver_node)
+    tracker = TrackerActor.options(name="Tracker", scheduling_strategy=here).remote(
+        cfg.run.name, run_dir=str(run_dir.resolve()), cfg=cfg.tracker
+    )
+    buffer = StepBufferActor.options(name="StepBuffer", scheduling_strategy=here).remote(
         cfg.buffer.max_buffer_size, tracker, **cfg.buffer.transform_stages(), seed=seed
     )
-    pool = ModelPoolActor.options(name="ModelPool").remote(tracker=tracker, seed=seed, **cfg.pool.model_dump())
+    pool = ModelPoolActor.options(name="ModelPool", scheduling_strategy=here).remote(
+        tracker=tracker, seed=seed, **cfg.pool.model_dump()
+    )
     ray.get(pool.add_checkpoint.remote(path=cfg.learner.policy.initial_lora_path, iteration=-1))
-    collector = CollectorActor.options(name="Collector").remote(
+    collector = CollectorActor.options(name="Collector", scheduling_strategy=here).remote(
         step_buffer=buffer,
         model_pool=pool,
         tracker=tracker,
@@ -99,9 +120,10 @@ def build_topology(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> Topol
         seed=seed,
         resume_step=resume_step,
         lora_rank=cfg.served_lora_rank,
+        checkpoint_node=None if cfg.run.shared_storage or not others else driver_node,
         **cfg.collector.model_dump(),
     )
-    learner = LearnerActor.options(name="Learner", num_gpus=cfg.learner.num_gpus).remote(
+    learner = LearnerActor.options(name="Learner", **learner_placement).remote(
         model_path,
         buffer,
         pool,
@@ -111,6 +133,63 @@ def build_topology(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> Topol
         dtype=cfg.model.dtype,
     )
     return Topology(run_dir, tracker, buffer, pool, collector, learner)
+
+
+def _other_nodes(cfg: RunConfig, driver_node: str) -> list[dict[str, Any]]:
+    """The live Ray nodes besides the driver's that can host an inference actor (they have `inference.resources`;
+    `ray.nodes()` entries)."""
+    import ray
+
+    def can_host(node: dict[str, Any]) -> bool:
+        return all(node["Resources"].get(name, 0) >= amount for name, amount in cfg.inference.resources.items())
+
+    return [n for n in ray.nodes() if n["Alive"] and n["NodeID"] != driver_node and can_host(n)]
+
+
+def _check_model_on(nodes: list[dict[str, Any]], model_path: str) -> None:
+    """Refuse, in one line, a base model that one of `nodes` lacks at `model_path` (an inference actor there would
+    fail to load it); the driver's own node was checked with the config."""
+    import ray
+
+    from unstable.runtime.actors import model_problem, on_node
+
+    problems = ray.get(
+        [model_problem.options(scheduling_strategy=on_node(n["NodeID"])).remote(model_path) for n in nodes]
+    )
+    for node, problem in zip(nodes, problems):
+        if problem is not None:
+            raise ConfigError(
+                f"model.path = {model_path!r}: {problem} on Ray node {node['NodeManagerAddress']} "
+                f"({node['NodeID'][:8]}); every node that may run an inference actor needs the base model at the same "
+                "path (or give a hub id)"
+            )
+
+
+def _learner_placement(cfg: RunConfig, driver_node: str) -> dict[str, Any]:
+    """The learner's Ray options: on the driver's node (it writes the run directory); with GPUs, as the one bundle of
+    a STRICT_PACK placement group there, so the learner and its GPUs stay together on one node."""
+    import ray
+    from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from unstable.runtime.actors import on_node
+
+    gpus = cfg.learner.num_gpus
+    if not gpus:
+        return {"num_gpus": 0, "scheduling_strategy": on_node(driver_node)}
+    have = next(n["Resources"].get("GPU", 0) for n in ray.nodes() if n["NodeID"] == driver_node)
+    if gpus > have:
+        raise ConfigError(
+            f"learner.num_gpus = {gpus}: the learner runs on the driver's node (it writes the run directory), "
+            f"which has {have} GPUs"
+        )
+    group = placement_group(
+        [{"GPU": gpus}], strategy="STRICT_PACK", bundle_label_selector=[{NODE_ID_LABEL_KEY: driver_node}]
+    )
+    return {
+        "num_gpus": gpus,
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
+    }
 
 
 def _forwarded_env() -> dict[str, str]:
