@@ -215,7 +215,7 @@ def test_no_actor_shell_makes_ray_keep_a_record_of_each_call():
     from unstable.runtime import actors
 
     shells = [obj for obj in vars(actors).values() if isinstance(obj, ray.actor.ActorClass)]
-    assert len(shells) == 6
+    assert len(shells) == 8
     assert [s for s in shells if s._default_options.get("enable_task_events") is not False] == []
 
 

@@ -135,8 +135,9 @@ class InferenceServer:
         With a self-batching backend every request counts as one batch and `busy_fraction` is the mean
         number of requests in flight. Checkpoints fetched from another node (and their bytes) count too.
         """
-        fetched = self._checkpoints.stats(reset) if self._checkpoints is not None else dict.fromkeys(_FETCHED, 0)
-        return self._counters.snapshot(reset) | fetched
+        if self._checkpoints is None:
+            return self._counters.snapshot(reset) | dict.fromkeys(_FETCHED, 0)
+        return self._counters.snapshot(reset) | self._checkpoints.stats(reset)
 
     def _on_disk(self, checkpoint: Checkpoint | None) -> Checkpoint | None:
         """`checkpoint` as this node reads it: from the checkpoint cache when there is one."""
@@ -415,8 +416,8 @@ def merge_stats(per_server: list[dict[str, float]]) -> dict[str, float]:
 
 
 def idle_stats() -> dict[str, float]:
-    """The `stats()` of a server that served nothing and holds no checkpoint (a fresh one)."""
-    return _Counters().snapshot(reset=False)
+    """The `stats()` of a server that served nothing, holds no checkpoint and fetched none (a fresh one)."""
+    return _Counters().snapshot(reset=False) | dict.fromkeys(_FETCHED, 0)
 
 
 def _hit_rate(cached_tokens: int, prompt_tokens: int) -> float:
