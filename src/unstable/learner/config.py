@@ -258,11 +258,6 @@ class LearnerConfig(Settings):
         """Where the model trains: `cuda` when the learner is given GPUs, else `cpu`."""
         return "cuda" if self.num_gpus else "cpu"
 
-    @property
-    def checkpoint_kind(self) -> str:
-        """'lora' for adapter checkpoints, 'full' for whole models."""
-        return self.policy.checkpoint_kind
-
 
 def nest_flat_fields(settings: dict[str, Any]) -> dict[str, Any]:
     """`settings` with each field of a `NESTED_SECTIONS` section written flat moved into its section; a field

@@ -58,7 +58,7 @@ class LearnerLoop:
             directory = self.run_dir / "checkpoints" / f"ckpt-{self.learner.step}"
             path = self.learner.save_checkpoint(str(directory))
             self.model_pool.add_checkpoint(
-                path=path, iteration=self.learner.step, kind=self.learner.cfg.checkpoint_kind
+                path=path, iteration=self.learner.step, kind=self.learner.cfg.policy.checkpoint_kind
             )
             metrics |= {
                 keys.WAIT_SECONDS: waited,
