@@ -34,7 +34,7 @@ class Terminal:
 
     def screen(self) -> str:
         """Everything the program printed so far (the pane and its scrollback)."""
-        return self.tmux("capture-pane", "-p", "-S", "-", "-t", self.session)
+        return self.tmux("capture-pane", "-p", "-J", "-S", "-", "-t", self.session)  # -J: wrapped lines whole
 
     def type(self, *keys: str) -> None:
         """Type `keys` as a person would: text literally, then Enter."""

@@ -24,8 +24,9 @@ pytestmark = pytest.mark.slow  # a Ray cluster and two sessions of a run
 @pytest.fixture(scope="module")
 def two_node_cluster():
     """A Ray cluster of two nodes on this machine: the head (the driver's node, with one pretend GPU) and a node
-    with the custom resource `node2`, joined through RAY_ADDRESS as `unstable train` joins one. Its address file
-    goes to a temporary directory of its own (RAY_TMPDIR), so no other `ray.init()` on the machine joins it."""
+    with the custom resource `node2` and one pretend GPU, joined through RAY_ADDRESS as `unstable train` joins one.
+    Its address file goes to a temporary directory of its own (RAY_TMPDIR), so no other `ray.init()` on the machine
+    joins it."""
     from ray.cluster_utils import Cluster
 
     saved = {name: os.environ.get(name) for name in ("RAY_TMPDIR", "RAY_ADDRESS")}
@@ -35,7 +36,7 @@ def two_node_cluster():
             initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1, "include_dashboard": False}
         )
         try:
-            cluster.add_node(num_cpus=1, resources={"node2": 1})
+            cluster.add_node(num_cpus=1, num_gpus=1, resources={"node2": 1})
             cluster.wait_for_nodes()
             os.environ["RAY_ADDRESS"] = cluster.address
             yield cluster
@@ -111,5 +112,37 @@ def test_the_learner_sits_with_its_gpus_on_the_drivers_node_and_inference_nodes_
         assert [n["Resources"].get("node2") for n in others] == [1.0]
         with pytest.raises(ConfigError, match=r"model.path = '/no/such/model': no such model directory .* on Ray node"):
             _check_model_on(others, "/no/such/model")  # by a task on the second node
+    finally:
+        ray.shutdown()
+
+
+def test_gpu_learner_ranks_are_reserved_together_rank_0_on_the_drivers_node(two_node_cluster):
+    import ray
+
+    from unstable.runtime.topology import _learner_placement
+
+    ray.init(address=two_node_cluster.address)
+    try:
+        driver_node = ray.get_runtime_context().get_node_id()
+        second_node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != driver_node)
+        cfg = load_config(EXAMPLE, ["learner.num_gpus=1", "learner.num_learners=2"])
+
+        @ray.remote(num_cpus=0)
+        class Rank:
+            def where(self) -> tuple[str, int]:
+                return ray.get_runtime_context().get_node_id(), len(ray.get_gpu_ids())
+
+            def rank_options(self, rank: int) -> dict:
+                from unstable.runtime.actors import rank_options
+
+                return rank_options(rank, 1.0)
+
+        rank_0 = Rank.options(**_learner_placement(cfg, driver_node)).remote()
+        rank_1 = Rank.options(**ray.get(rank_0.rank_options.remote(1), timeout=120)).remote()
+        assert ray.get(rank_0.where.remote(), timeout=120) == (driver_node, 1)
+        assert ray.get(rank_1.where.remote(), timeout=120) == (second_node, 1)  # the head's one GPU is rank 0's
+        three = load_config(EXAMPLE, ["learner.num_gpus=1", "learner.num_learners=3", "learner.batch_size=6"])
+        with pytest.raises(ConfigError, match="learner.num_learners = 3 with learner.num_gpus = 1.0 each: the Ray"):
+            _learner_placement(three, driver_node)
     finally:
         ray.shutdown()

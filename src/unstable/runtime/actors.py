@@ -416,7 +416,9 @@ class LearnerActor(LearnerLoop):
         log_to_run_dir(run_dir, "learner")
         if cfg.num_learners > 1:
             ranks = [
-                LearnerRankActor.options(num_gpus=cfg.num_gpus).remote(model_name, algorithm, cfg, rank, run_dir, dtype)
+                LearnerRankActor.options(**rank_options(rank, cfg.num_gpus)).remote(
+                    model_name, algorithm, cfg, rank, run_dir, dtype
+                )
                 for rank in range(1, cfg.num_learners)
             ]
             learner = RankZeroLearner(policy, algorithm, cfg, ranks)
@@ -438,6 +440,21 @@ class LearnerActor(LearnerLoop):
             self.close()
             self.step_buffer.stop_collection()
         return rows
+
+
+def rank_options(rank: int, num_gpus: float) -> dict[str, Any]:
+    """Ray options of data-parallel learner `rank` (> 0), called in rank 0's actor: its bundle of rank 0's placement
+    group when rank 0 runs in one (learners with GPUs, `topology._learner_placement`), else anywhere with
+    `num_gpus`."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    group = ray.util.get_current_placement_group()
+    if group is None:
+        return {"num_gpus": num_gpus}
+    return {
+        "num_gpus": num_gpus,
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
+    }
 
 
 @ray.remote(**SHELL)

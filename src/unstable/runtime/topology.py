@@ -166,25 +166,37 @@ def _check_model_on(nodes: list[dict[str, Any]], model_path: str) -> None:
 
 
 def _learner_placement(cfg: RunConfig, driver_node: str) -> dict[str, Any]:
-    """The learner's Ray options: on the driver's node (it writes the run directory); with GPUs, as the one bundle of
-    a STRICT_PACK placement group there, so the learner and its GPUs stay together on one node."""
+    """The learner's Ray options: on the driver's node (it writes the run directory); with GPUs, one placement
+    group for all `learner.num_learners` ranks, a bundle of `learner.num_gpus` each: rank 0's bundle on the driver's
+    node, the others packed onto as few nodes as possible (PACK), so each learner stays with its GPUs, the ranks sit
+    together where they fit, and they are reserved all at once or not at all. Rank 0 starts the other ranks in the
+    group's later bundles (`runtime.actors.rank_options`)."""
     import ray
     from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from unstable.runtime.actors import on_node
 
-    gpus = cfg.learner.num_gpus
+    gpus, ranks = cfg.learner.num_gpus, cfg.learner.num_learners
     if not gpus:
         return {"num_gpus": 0, "scheduling_strategy": on_node(driver_node)}
-    have = next(n["Resources"].get("GPU", 0) for n in ray.nodes() if n["NodeID"] == driver_node)
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    have = next(n["Resources"].get("GPU", 0) for n in nodes if n["NodeID"] == driver_node)
     if gpus > have:
         raise ConfigError(
             f"learner.num_gpus = {gpus}: the learner runs on the driver's node (it writes the run directory), "
             f"which has {have} GPUs"
         )
+    fits = sum(int(n["Resources"].get("GPU", 0) // gpus) for n in nodes)
+    if ranks > fits:
+        raise ConfigError(
+            f"learner.num_learners = {ranks} with learner.num_gpus = {gpus} each: the Ray cluster's nodes hold "
+            f"{fits} such learners"
+        )
     group = placement_group(
-        [{"GPU": gpus}], strategy="STRICT_PACK", bundle_label_selector=[{NODE_ID_LABEL_KEY: driver_node}]
+        [{"GPU": gpus}] * ranks,
+        strategy="PACK",
+        bundle_label_selector=[{NODE_ID_LABEL_KEY: driver_node}] + [{}] * (ranks - 1),
     )
     return {
         "num_gpus": gpus,
