@@ -41,12 +41,12 @@ test: $(STAMP)
 
 # the edit loop: lint and the tests that load no model and start no Ray or command (`make test` runs them all)
 check: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks experiments
+	$(VENV)/bin/ruff format --check src tests benchmarks experiments
 	$(PY) -m pytest -q -m "not slow and not vllm" -p no:cacheprovider tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks experiments
 
 clean:
 	rm -rf $(VENV) runs .cache

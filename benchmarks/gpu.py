@@ -4,7 +4,7 @@ bound, learner MFU with LoRA and with full fine-tuning, and the whole loop again
     python benchmarks/gpu.py [--out benchmarks/results/gpu.json] [--bandwidth-gbs B] [--peak-tflops F]
     python benchmarks/gpu.py --smoke --out /tmp/gpu.json   # the same code on CPU, tiny model and sizes (tests)
 
-The model is a random-weight bfloat16 model shaped like Qwen3-0.6B (`inference.ensure_qwen3_06b_shape`, built
+The model is a random-weight bfloat16 model shaped like Qwen3-0.6B (`unstable.models.ensure_shaped_model`, built
 once into `.cache/` with the tiny model's tokenizer: nothing comes from a model hub). The settings are
 `examples/single-gpu.yaml`'s with the transformers engine (vLLM is not on the lent machine). Each part prints its
 time; on one H100 they add up to under 8 minutes (plus building the model, once). The JSON's top-level fractions:
@@ -49,7 +49,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import inference as inference_bench  # benchmarks/inference.py: the 0.6B-shape model, weight bytes, the engine
+import inference as inference_bench  # benchmarks/inference.py: the engine as it measures it
 import loop as loop_bench  # benchmarks/loop.py: the whole loop and the bare engine, measured
 import torch
 
@@ -146,12 +146,12 @@ def device_peaks(cuda: bool, args) -> tuple[float, float, bool]:
 
 def model_directory(args) -> Path:
     """`--model`, else the tiny model (smoke) or the 0.6B-shape model, built into `.cache/` when missing."""
-    from unstable.models.tiny import ensure_tiny_model
+    from unstable.models import ensure_shaped_model, ensure_tiny_model
 
     if args.model:
         return Path(args.model).resolve()
     tiny = ensure_tiny_model(CACHE / "tiny-qwen3")
-    return tiny if args.smoke else inference_bench.ensure_qwen3_06b_shape(CACHE / "qwen3-0.6b-shape", tiny)
+    return tiny if args.smoke else ensure_shaped_model(CACHE / "qwen3-0.6b-shape", tiny)
 
 
 def run_config(model_dir: Path, sizes: Sizes, args):
@@ -246,8 +246,10 @@ def decode_tokens_per_s(backend, prompts: list[list[int]], sizes: Sizes) -> floa
 
 def decode_part(cfg, model_dir: Path, sizes: Sizes, bandwidth_gbs: float) -> list[dict]:
     """A row per decode batch size: tokens/s against the weight-bandwidth bound (and the bound with KV reads)."""
+    from unstable.models import weight_bytes
+
     dtype_bytes = torch.finfo(getattr(torch, cfg.model.dtype)).bits // 8
-    weights = inference_bench.weight_bytes(model_dir, dtype_bytes)
+    weights = weight_bytes(model_dir, dtype_bytes)
     shape = model_shape(model_dir)
     kv_bytes_per_token = 2 * shape.layers * shape.kv_width * dtype_bytes
     device = cfg.inference.device

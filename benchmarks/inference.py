@@ -2,8 +2,9 @@
 
 Usage: `python benchmarks/inference.py [OUT_JSON] [--bandwidth-gbs 3350] [--max-new-tokens 64]`. Runs on the tiny
 test model (built into `.cache/` when missing) and, when a CUDA GPU is present, also on a randomly initialised
-model shaped like Qwen3-0.6B in bfloat16, beside its memory-bandwidth bound: a decode step reads every weight
-once, so tokens/s <= batch * bandwidth / weight bytes (KV-cache reads ignored, so the true ceiling is lower).
+model shaped like Qwen3-0.6B in bfloat16 (`unstable.models.ensure_shaped_model`), beside its memory-bandwidth
+bound: a decode step reads every weight once, so tokens/s <= batch * bandwidth / weight bytes (KV-cache reads
+ignored, so the true ceiling is lower).
 Prints a table and writes JSON (default `benchmarks/results/inference.json`). Run on demand, never from tests.
 """
 
@@ -21,15 +22,6 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache"
 BATCHES = (1, 32, 128)
-QWEN3_06B_SHAPE = {
-    "hidden_size": 1024,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "intermediate_size": 3072,
-    "vocab_size": 151936,
-}
 VLLM_CPU_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
@@ -51,39 +43,6 @@ def parse_args() -> argparse.Namespace:
 def installed_backends() -> list[str]:
     """The backends this environment can run (vllm only when vLLM is installed)."""
     return ["transformers"] + (["vllm"] if importlib.util.find_spec("vllm") else [])
-
-
-def ensure_qwen3_06b_shape(out_dir: pathlib.Path, tokenizer_dir: pathlib.Path) -> pathlib.Path:
-    """A random-weight bfloat16 model with Qwen3-0.6B's shape (the tiny model's tokenizer); built once."""
-    if (out_dir / "config.json").is_file():
-        return out_dir
-    import torch
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = Qwen3Config(
-        **QWEN3_06B_SHAPE,
-        tie_word_embeddings=True,
-        max_position_embeddings=4096,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    return out_dir
-
-
-def weight_bytes(model_dir: pathlib.Path, dtype_bytes: int) -> int:
-    """Bytes of weights one decode step reads (tied embeddings counted once, as the output projection)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
-    return dtype_bytes * sum(p.numel() for p in model.parameters())
 
 
 def build_backend(name: str, model_dir: pathlib.Path, dtype: str, max_new_tokens: int, device: str):
@@ -157,14 +116,14 @@ def main() -> None:
         os.environ.setdefault(key, value)
     import torch
 
-    from unstable.models.tiny import ensure_tiny_model
+    from unstable.models import ensure_shaped_model, ensure_tiny_model, weight_bytes
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     tiny = ensure_tiny_model(CACHE / "tiny-qwen3")
     rows = benchmark_model("tiny-qwen3", tiny, "float32", args, device, None)
     if cuda:
-        big = ensure_qwen3_06b_shape(CACHE / "qwen3-0.6b-shape", tiny)
+        big = ensure_shaped_model(CACHE / "qwen3-0.6b-shape", tiny)
         bound = args.bandwidth_gbs * 1e9 / weight_bytes(big, dtype_bytes=2)
         rows += benchmark_model("qwen3-0.6b-shape", big, "bfloat16", args, device, bound)
     info = {

@@ -1,8 +1,9 @@
-"""Every benchmark runs: each script of `benchmarks/` with its smallest settings, in its own process, writing into
-a temporary directory (never over `benchmarks/results/`). The numbers mean nothing; that each script still runs
-against the package as it is does (`benchmarks/loop.py` broke unnoticed when the demo config changed under it).
+"""Every benchmark and experiment script runs: each script of `benchmarks/` and `experiments/` with its smallest
+settings, in its own process, writing into a temporary directory (never over `benchmarks/results/` or
+`experiments/results/`). The numbers mean nothing; that each script still runs against the package as it is does
+(`benchmarks/loop.py` broke unnoticed when the demo config changed under it).
 
-A new benchmark needs a row in `SMOKES`, or in `NOT_HERE` with the reason.
+A new script needs a row in `SMOKES`, or in `NOT_HERE` with the reason.
 """
 
 from __future__ import annotations
@@ -16,31 +17,40 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHMARKS = ROOT / "benchmarks"
+FOLDERS = ("benchmarks", "experiments")  # the scripts at the top of each
 TINY = "{tiny}"  # the session's tiny model directory
 TMP = "{tmp}"  # the test's temporary directory
-# script: (its smallest command line, the file it must write or None, what its output must say)
+# script (its path in the repository): (its smallest command line, the file it must write or None, what its output
+# must say)
 SMOKES = {
-    "cartpole.py": (["--smoke", "--out", f"{TMP}/cartpole.json"], "cartpole.json", "seeds reached"),
-    "pendulum.py": (["--smoke", "--out", f"{TMP}/pendulum.json"], "pendulum.json", "wrote"),
-    "engine_ab.py": (["--smoke", "--out", f"{TMP}/engine_ab.json"], "engine_ab.json", "tok/s before"),
-    "footprint.py": (["--steps", "3", "--repeats", "1", "--out", f"{TMP}/footprint.json"], "footprint.json", "s/step"),
-    "inference.py": ([f"{TMP}/inference.json", "--max-new-tokens", "2"], "inference.json", "transformers"),
-    "loop.py": (
+    "benchmarks/cartpole.py": (["--smoke", "--out", f"{TMP}/cartpole.json"], "cartpole.json", "seeds reached"),
+    "benchmarks/pendulum.py": (["--smoke", "--out", f"{TMP}/pendulum.json"], "pendulum.json", "wrote"),
+    "experiments/engine_ab.py": (["--smoke", "--out", f"{TMP}/engine_ab.json"], "engine_ab.json", "tok/s before"),
+    "experiments/resume_state_cost.py": (
+        ["--steps", "3", "--repeats", "1", "--out", f"{TMP}/resume_state_cost.json"],
+        "resume_state_cost.json",
+        "s/step",
+    ),
+    "benchmarks/inference.py": ([f"{TMP}/inference.json", "--max-new-tokens", "2"], "inference.json", "transformers"),
+    "benchmarks/loop.py": (
         ["--steps", "3", "--workers", "2", "--batch-size", "4", "--max-new-tokens", "4", "--bare-rounds", "1"]
         + ["--scaling", "1", "2", "--run-dir", f"{TMP}/runs", "--out", f"{TMP}/loop.json"],
         "loop.json",
         "loop / bare",
     ),
-    "pacing.py": (["--smoke", "--work", f"{TMP}/work", "--start", TINY, "--out", f"{TMP}/pacing.json"], None, "pacing"),
-    "soak.py": (
+    "experiments/pacing.py": (
+        ["--smoke", "--work", f"{TMP}/work", "--start", TINY, "--out", f"{TMP}/pacing.json"],
+        None,
+        "pacing",
+    ),
+    "experiments/soak.py": (
         ["--steps", "4", "--every", "2", "--flat-after", "0", "--kinds", "lora", "--out", f"{TMP}/soak.json"],
         "soak.json",
         "per-step slope",
     ),
-    "tictactoe_heuristics.py": (["--games", "50"], None, "win rate vs random"),
-    "tictactoe_probe.py": ([TINY, "--positions", "8", "--out", f"{TMP}/probe.json"], "probe.json", "center"),
-    "warm_start.py": (
+    "benchmarks/tictactoe_heuristics.py": (["--games", "50"], None, "win rate vs random"),
+    "benchmarks/tictactoe_probe.py": ([TINY, "--positions", "8", "--out", f"{TMP}/probe.json"], "probe.json", "center"),
+    "experiments/warm_start.py": (
         ["--games", "4", "--held-out", "4", "--updates", "2", "--eval-every", "1", "--batch-size", "4"]
         + ["--variants", "init 0.1, full fine-tune", "--out-dir", TMP],
         "warm_start.json",
@@ -48,22 +58,23 @@ SMOKES = {
     ),
 }
 NOT_HERE = {
-    "gpu.py": "its CPU smoke path (--smoke) runs in tests/test_gpu_benchmark.py",
-    "gym_benchmark.py": "the shared runner of cartpole.py and pendulum.py, not a benchmark",
-    "learning.py": "test_the_learning_benchmark_and_its_reevaluation below (reevaluate.py reads its output)",
-    "reevaluate.py": "test_the_learning_benchmark_and_its_reevaluation below",
-    "kill_soak.py": "its smallest run is about 15 `unstable train` sessions (2 references, 11 planned kills, their "
-    "resumes); tests/test_resume_kill.py kills and resumes a run in every phase in make test",
+    "benchmarks/footprint.py": "the probes of a run's disk, memory and row size that loop.py and two experiments share",
+    "benchmarks/gpu.py": "its CPU smoke path (--smoke) runs in tests/test_gpu_benchmark.py",
+    "benchmarks/gym_benchmark.py": "the shared runner of cartpole.py and pendulum.py, not a benchmark",
+    "benchmarks/learning.py": "test_the_learning_benchmark_and_its_reevaluation below (reevaluate.py reads its output)",
+    "benchmarks/reevaluate.py": "test_the_learning_benchmark_and_its_reevaluation below",
+    "experiments/kill_soak.py": "its smallest run is about 15 `unstable train` sessions (2 references, 11 planned "
+    "kills, their resumes); tests/test_resume_kill.py kills and resumes a run in every phase in make test",
 }
 
 
 def run_benchmark(script: str, args: list[str], tmp_path: Path, tiny: str) -> str:
-    """`python benchmarks/<script> args` from the repository root (so default model paths resolve as for a user);
-    its stdout. Fails with the end of its stderr when the script does."""
+    """`python <script> args` (`script` a path in the repository) from the repository root (so default model paths
+    resolve as for a user); its stdout. Fails with the end of its stderr when the script does."""
     argv = [a.replace(TMP, str(tmp_path)).replace(TINY, tiny) for a in args]
     env = os.environ | {"PYTHONPATH": str(ROOT / "src"), "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), *argv],
+        [sys.executable, str(ROOT / script), *argv],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -74,9 +85,9 @@ def run_benchmark(script: str, args: list[str], tmp_path: Path, tiny: str) -> st
     return done.stdout
 
 
-def test_every_benchmark_has_a_smoke_run_or_a_reason():
-    scripts = {path.name for path in BENCHMARKS.glob("*.py")}
-    assert scripts == set(SMOKES) | set(NOT_HERE), "add the new benchmark to SMOKES (or NOT_HERE, with the reason)"
+def test_every_benchmark_and_experiment_has_a_smoke_run_or_a_reason():
+    scripts = {f"{folder}/{path.name}" for folder in FOLDERS for path in (ROOT / folder).glob("*.py")}
+    assert scripts == set(SMOKES) | set(NOT_HERE), "add the new script to SMOKES (or NOT_HERE, with the reason)"
 
 
 @pytest.mark.slow
@@ -94,7 +105,7 @@ def test_the_loop_benchmark_compares_the_routings(tiny_model_dir, tmp_path):
     """`loop.py --routing`: the loop with 2 inference actors once per `inference.routing`."""
     args = ["--routing", "--steps", "3", "--workers", "2", "--batch-size", "4", "--max-new-tokens", "4"]
     args += ["--run-dir", f"{TMP}/runs", "--out", f"{TMP}/routing.json"]
-    assert "least_outstanding" in run_benchmark("loop.py", args, tmp_path, tiny_model_dir)
+    assert "least_outstanding" in run_benchmark("benchmarks/loop.py", args, tmp_path, tiny_model_dir)
     result = json.loads((tmp_path / "routing.json").read_text())
     assert set(result["runs"]) == {"least_outstanding", "game"} and "prefix_cache_hit_rate" in result["runs"]["game"]
 
@@ -106,11 +117,13 @@ def test_the_learning_benchmark_and_its_reevaluation(tiny_model_dir, tmp_path):
     model = [f"--set=model.path={tiny_model_dir}", "--set=model.build_tiny_if_missing=false"]
     recipe = str(ROOT / "examples" / "tictactoe-tiny-strong.yaml")
     args = [recipe, "--smoke", *model, "--out", f"{TMP}/learning", "--runs-dir", f"{TMP}/runs"]
-    assert "mean change of the win rate vs random" in run_benchmark("learning.py", args, tmp_path, tiny_model_dir)
+    assert "mean change of the win rate vs random" in run_benchmark(
+        "benchmarks/learning.py", args, tmp_path, tiny_model_dir
+    )
     result = json.loads((tmp_path / "learning" / "learning.json").read_text())
     seed = result["recipes"]["tictactoe-tiny-strong"]["seeds"]["0"]
     assert [point["step"] for point in seed["curve"]] == [0, 2]
     assert Path(seed["checkpoints"]["2"], "config.json").exists()
     args = [f"{TMP}/learning", "--games", "2", "--out", f"{TMP}/reeval.json"]
-    assert "separated=" in run_benchmark("reevaluate.py", args, tmp_path, tiny_model_dir)
+    assert "separated=" in run_benchmark("benchmarks/reevaluate.py", args, tmp_path, tiny_model_dir)
     assert json.loads((tmp_path / "reeval.json").read_text())["seeds"]

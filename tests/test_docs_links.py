@@ -47,7 +47,11 @@ def test_relative_links_resolve(page):
     assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
 
 
-CODE = [p for folder in ("src", "benchmarks", "examples", "tests") for p in sorted((ROOT / folder).rglob("*.py"))]
+CODE = [
+    p
+    for folder in ("src", "benchmarks", "experiments", "examples", "tests")
+    for p in sorted((ROOT / folder).rglob("*.py"))
+]
 CODE += sorted((ROOT / "examples").glob("*.yaml"))
 POINTER = re.compile(r"((?:docs|experiments)/[\w/-]+\.md)(?:#([\w-]+)|, \"([^\"]+)\")?")
 

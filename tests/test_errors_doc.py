@@ -271,6 +271,12 @@ CASES = [
     ("GPUs among the inference actors' custom resources", _with("inference.resources={GPU: 1}"), "inference.resources"),
     ("a custom resource amount of 0", _with("inference.resources={node2: 0}"), "inference.resources"),
     ("a CPU cap on a Ray cluster it joins", _num_cpus_on_a_cluster, "run.num_cpus"),
+    (
+        "eval's TicTacToe skill probe of another game",
+        _cli("eval", "--model", "org/m", "--env", "Nim-v0", "--probe", "800"),
+        "--probe",
+    ),
+    ("eval's skill probe at -1 positions", _cli("eval", "--model", "org/m", "--probe", "-1"), "--probe"),
 ]
 
 

@@ -20,6 +20,7 @@ from unstable.agents.scripted import (
     make_scripted_agent,
 )
 from unstable.agents.seating import make_agent, parse_opponent
+from unstable.games import tictactoe
 from unstable.games.moves import legal_moves
 from unstable.games.templates import get_template
 from unstable.records import Checkpoint, Opponent
@@ -244,3 +245,41 @@ def test_make_agent_builds_scripted_agents_by_seed_and_policy_agents_for_checkpo
     agent = make_agent(Opponent("opponent-x", checkpoint=checkpoint), "client", template, "tokenizer", seed=0)
     assert isinstance(agent, PolicyAgent) and agent.checkpoint == checkpoint and agent.client == "client"
     assert agent.template is template and agent.tokenizer == "tokenizer" and agent.name == "opponent-x"
+
+
+# O | O | 2      O (to move) wins at 2; X threatens 5
+# X | X | 5
+# 6 | 7 | 8
+TWO_THREATS = "Current Board:\n\n O | O | 2 \n---+---+---\n X | X | 5 \n---+---+---\n 6 | 7 | 8 \n"
+# X threatens 2, O has no win: O (to move) must block; the center is free
+ONE_THREAT = "Current Board:\n\n X | X | 2 \n---+---+---\n O | 4 | 5 \n---+---+---\n 6 | 7 | O \n"
+EMPTY = "Current Board:\n\n 0 | 1 | 2 \n---+---+---\n 3 | 4 | 5 \n---+---+---\n 6 | 7 | 8 \n"
+
+
+@pytest.mark.parametrize(
+    ("name", "two_threats", "one_threat", "empty"),
+    [
+        ("tictactoe-win", {"[2]"}, "random", "random"),
+        ("tictactoe-win-center", {"[2]"}, {"[4]"}, {"[4]"}),
+        ("tictactoe-win-block-center", {"[2]"}, {"[2]"}, {"[4]"}),
+        ("tictactoe-center", "random", {"[4]"}, {"[4]"}),
+    ],
+)
+def test_rule_agents_win_then_block_then_take_the_center_as_named(name, two_threats, one_threat, empty):
+    """Each rule agent plays its rule's cell whatever its seed, and any empty cell where no rule applies."""
+    for observation, expected in [(TWO_THREATS, two_threats), (ONE_THREAT, one_threat), (EMPTY, empty)]:
+        moves = {make_scripted_agent(name, seed).act(observation).action for seed in range(40)}
+        empty_cells = {f"[{cell}]" for cell in tictactoe.empty_cells(tictactoe.read_board(observation))}
+        assert moves == (empty_cells if expected == "random" else expected), (name, observation)
+
+
+@pytest.mark.parametrize("name", ["tictactoe-win", "tictactoe-win-center", "tictactoe-win-block-center"])
+def test_rule_agents_play_legal_games_in_either_seat_and_beat_random_more_often_than_not(name):
+    wins = 0
+    for seed in range(20):
+        for seat in (0, 1):
+            agents = {seat: make_scripted_agent(name, seed), 1 - seat: RandomAgent(seed)}
+            rewards, info = play("TicTacToe-v0-train", agents, seed)
+            assert not any(player["invalid_move"] for player in info.values())
+            wins += rewards[seat] > 0
+    assert wins > 20  # of 40: each wins 0.67 or more against random (benchmarks/tictactoe_heuristics.py)

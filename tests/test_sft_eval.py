@@ -14,6 +14,7 @@ from unstable.algorithms import ALGORITHMS, SFT
 from unstable.cli.main import main
 from unstable.collector.demonstrations import generate_sft_steps, supervised_step
 from unstable.evaluation.evaluate import evaluate, kuhn_exploitability, scoring_policy, summarize_matches
+from unstable.evaluation.probe import SKILLS, skills
 from unstable.games.kuhn import FIRST_PLAYER_INFOSETS, INFOSETS, SECOND_PLAYER_INFOSETS, best_response_value
 from unstable.inference import InferenceConfig
 from unstable.learner import LearnerConfig, LoraConfig
@@ -154,6 +155,37 @@ def test_eval_cli_reports_kuhn_exploitability(tiny_model_dir, tmp_path):
     report = json.loads(out.read_text())
     assert 0 <= report["kuhn"]["exploitability"] <= _max_exploitability()
     assert set(report["kuhn"]["strategy"]) == set(INFOSETS)
+
+
+def test_probe_skills_are_the_mean_mass_on_each_skills_cells_beside_a_uniform_choice():
+    empty, threats = " " * 9, "OO XX    "  # the empty board; O to move wins at 2 (a row), X would at 5
+    blocked = "OX  O    "  # X to move: O would win at 8 (the diagonal), X has no win, so X must block at 8
+    uniform = [1 / 9] * 9
+    on_2 = [0.5 if c in (0, 2) else 0.0 for c in range(9)]  # half on the winning cell, half on a taken one
+    on_8 = [1.0 if c == 8 else 0.0 for c in range(9)]
+    result = skills([("", empty), ("", threats), ("", blocked)], [uniform, on_2, on_8])
+    assert result["center on the empty board"] == {"policy": 1 / 9, "uniform": 1 / 9, "positions": 1}
+    assert result["win"] == result["win on a row"] == {"policy": 0.5, "uniform": 1 / 5, "positions": 1}
+    assert result["block"] == {"policy": 1.0, "uniform": 1 / 6, "positions": 1}
+    assert result["occupied"]["positions"] == 3 and result["occupied"]["uniform"] == 0
+    assert result["occupied"]["policy"] == pytest.approx(0.5 / 3)
+    assert list(result) == ["occupied", "center on the empty board", "win", "win on a row", "block"]
+    assert set(result) <= set(SKILLS)
+
+
+def test_eval_cli_adds_the_tictactoe_skill_probe(tiny_model_dir, tmp_path, capsys):
+    """`unstable eval --probe N`: the probe of the checkpoint at N positions of random play, in the report and its
+    table; the masses are probabilities and the occupied cells' uniform reference is 0."""
+    out = tmp_path / "probe.json"
+    argv = ["eval", "--model", tiny_model_dir, "--env", "TicTacToe-v0", "--games", "2", "--probe", "24"]
+    assert main([*argv, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "TicTacToe skill probe" in printed and "center on the empty board" in printed
+    probe = json.loads(out.read_text())["probe"]
+    assert probe["positions"] == 24 and probe["seed"] == 0
+    assert set(probe["skills"]) <= set(SKILLS) and probe["skills"]["occupied"]["positions"] == 24
+    assert probe["skills"]["occupied"]["uniform"] == 0 and "center on the empty board" in probe["skills"]
+    assert all(0 <= skill["policy"] <= 1 and 0 <= skill["uniform"] <= 1 for skill in probe["skills"].values())
 
 
 def test_cli_rejects_unknown_opponents_and_envs(tiny_model_dir):

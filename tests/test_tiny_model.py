@@ -10,7 +10,15 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from unstable.games.moves import legal_moves
-from unstable.models import build_tiny_model, build_tokenizer, ensure_tiny_model, tiny
+from unstable.models import (
+    QWEN3_06B_SHAPE,
+    build_tiny_model,
+    build_tokenizer,
+    ensure_shaped_model,
+    ensure_tiny_model,
+    tiny,
+    weight_bytes,
+)
 
 pytestmark = pytest.mark.slow  # builds models
 
@@ -180,3 +188,20 @@ def test_ensure_keeps_an_existing_model(model_dir):
 )
 def test_legal_moves(observation, expected):
     assert legal_moves(observation) == expected
+
+
+def test_a_shaped_model_has_the_shape_asked_for_in_bfloat16_on_the_tiny_tokenizer(model_dir, tmp_path):
+    """`ensure_shaped_model` (Qwen3-0.6B's shape for the GPU benchmarks; a small shape here) builds once, and
+    `weight_bytes` counts each weight once (the tied embeddings as the output projection) at the bytes given."""
+    shape = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1}
+    shape |= {"head_dim": 32, "intermediate_size": 96, "vocab_size": 2048}
+    built = ensure_shaped_model(tmp_path / "shaped", model_dir, shape)
+    model = AutoModelForCausalLM.from_pretrained(built)
+    assert model.config.vocab_size == 2048 and model.config.hidden_size == 64 and model.config.tie_word_embeddings
+    assert all(t.dtype == torch.bfloat16 for t in load_file(built / "model.safetensors").values())
+    assert AutoTokenizer.from_pretrained(built).get_vocab() == AutoTokenizer.from_pretrained(model_dir).get_vocab()
+    assert weight_bytes(built, 2) == 2 * sum(p.numel() for p in model.parameters())
+    stamp = (built / "model.safetensors").stat().st_mtime_ns
+    assert ensure_shaped_model(built, model_dir, shape) == built  # already there: not built again
+    assert (built / "model.safetensors").stat().st_mtime_ns == stamp
+    assert QWEN3_06B_SHAPE["vocab_size"] == 151936 and QWEN3_06B_SHAPE["num_hidden_layers"] == 28

@@ -15,15 +15,14 @@ import random
 import re
 from fractions import Fraction
 
+from unstable.games import tictactoe
 from unstable.games.agent import Agent
 from unstable.games.kuhn import INFOSETS, nash_strategy
 from unstable.games.moves import legal_moves, nim_piles
 from unstable.records import Decision
 
-_BOARD_ROW = re.compile(r"^\s*(\S)\s*\|\s*(\S)\s*\|\s*(\S)\s*$", re.MULTILINE)
 _KUHN_CARD = re.compile(r"Your card is: '([JQK])'")
 _KUHN_MOVE = re.compile(r"Player \d, submitted move: '\[(check|bet|call|fold)\]'")
-_WIN_LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
 
 
 class RandomAgent(Agent):
@@ -44,33 +43,12 @@ class RandomAgent(Agent):
         return Decision(action=self._rng.choice(legal))
 
 
-def _tictactoe_board(observation: str) -> str:
-    """The last 'Current Board:' grid as 9 characters: 'O', 'X' or ' ' (empty), cell 0 first."""
-    if "Current Board:" not in observation:
-        raise ValueError("no 'Current Board:' in the observation; is this TicTacToe?")
-    rows = _BOARD_ROW.findall(observation.rsplit("Current Board:", 1)[1])[:3]
-    if len(rows) != 3:
-        raise ValueError("could not read three board rows after 'Current Board:'")
-    return "".join(mark if mark in "OX" else " " for row in rows for mark in row)
-
-
-def _to_move(board: str) -> str:
-    """'O' (TextArena's Player 0, who always opens) when the counts are equal, else 'X'."""
-    return "O" if board.count("O") == board.count("X") else "X"
-
-
-def _empty_cells(board: str) -> list[int]:
-    """Indices of the empty cells."""
-    return [cell for cell, mark in enumerate(board) if mark == " "]
-
-
-def _board_to_play(observation: str) -> tuple[str, list[int]]:
-    """The current board and its empty cells; raises when there is no move to make."""
-    board = _tictactoe_board(observation)
-    cells = _empty_cells(board)
-    if not cells:
+def _board_to_play(observation: str) -> str:
+    """The current TicTacToe board; raises when there is no move to make."""
+    board = tictactoe.read_board(observation)
+    if not tictactoe.empty_cells(board):
         raise ValueError("the board is full; there is no move to make")
-    return board, cells
+    return board
 
 
 @functools.cache
@@ -78,11 +56,11 @@ def _move_score(board: str, cell: int) -> int:
     """Minimax score, for the player to move, of playing `cell`: a win scores 1 + the empty cells left (so
     faster wins score higher and slower losses lower in magnitude), a draw 0, otherwise minus the opponent's
     best reply."""
-    mover = _to_move(board)
-    child = board[:cell] + mover + board[cell + 1 :]
-    if any(all(child[i] == mover for i in line) for line in _WIN_LINES):
-        return 1 + child.count(" ")
-    replies = [_move_score(child, reply) for reply in _empty_cells(child)]
+    mover = tictactoe.to_move(board)
+    child = tictactoe.place(board, cell, mover)
+    if tictactoe.winner(child) == mover:
+        return 1 + child.count(tictactoe.EMPTY)
+    replies = [_move_score(child, reply) for reply in tictactoe.empty_cells(child)]
     return -max(replies) if replies else 0
 
 
@@ -102,7 +80,8 @@ class TicTacToeMinimaxAgent(Agent):
     def act(self, observation: str) -> Decision:
         """Play one of the best cells for whoever is to move on the current board (a random one with probability
         epsilon)."""
-        board, cells = _board_to_play(observation)
+        board = _board_to_play(observation)
+        cells = tictactoe.empty_cells(board)
         if self.epsilon and self._rng.random() < self.epsilon:  # epsilon 0 draws nothing: tie-breaks as before
             return Decision(action=f"[{self._rng.choice(cells)}]")
         scores = {cell: _move_score(board, cell) for cell in cells}
@@ -110,23 +89,67 @@ class TicTacToeMinimaxAgent(Agent):
         return Decision(action=f"[{self._rng.choice([c for c in cells if scores[c] == best])}]")
 
 
-class TicTacToeCenterAgent(Agent):
-    """The center when it is free, else a uniformly random empty cell: an opening preference and no tactics
-    (0.54 against the random agent, `benchmarks/tictactoe_heuristics.py`); a teacher for warm starts that open
-    in the center (`--sft-agent`; measured in experiments/log.md, "Across seeds: can the tiny model be taught to
-    complete a line?")."""
+def _center(board: str, mark: str) -> list[int]:
+    """The center, when it is empty."""
+    return [tictactoe.CENTER] if board[tictactoe.CENTER] == tictactoe.EMPTY else []
 
-    name = "tictactoe-center"
-    CENTER = 4
+
+class TicTacToeRulesAgent(Agent):
+    """TicTacToe by a fixed list of rules, each naming the cells it would play: the first rule that names a cell
+    decides (its lowest cell), else a uniformly random empty cell. With no rules (this class) it is the random agent
+    on the board; each subclass below is one skill of TicTacToe, its win rate against the random agent measured by
+    `python benchmarks/tictactoe_heuristics.py` (20,000 games in each seat, seed 0)."""
+
+    name = "tictactoe-rules"
+    RULES: tuple = ()  # functions (board, mark of the player to move) -> the cells the rule would play
 
     def __init__(self, seed: int):
         self._rng = random.Random(seed)
 
+    def choose_cell(self, board: str) -> int:
+        """The cell to play on `board` (one with an empty cell) for whoever is to move."""
+        mark = tictactoe.to_move(board)
+        for rule in self.RULES:
+            cells = rule(board, mark)
+            if cells:
+                return cells[0]
+        return self._rng.choice(tictactoe.empty_cells(board))
+
     def act(self, observation: str) -> Decision:
-        """The center if it is empty, otherwise a random empty cell of the current board."""
-        _, cells = _board_to_play(observation)
-        cell = self.CENTER if self.CENTER in cells else self._rng.choice(cells)
-        return Decision(action=f"[{cell}]")
+        """The rules' cell on the current board."""
+        return Decision(action=f"[{self.choose_cell(_board_to_play(observation))}]")
+
+
+class TicTacToeCenterAgent(TicTacToeRulesAgent):
+    """The center when it is free, else a uniformly random empty cell: an opening preference and no tactics
+    (0.539 against the random agent); a teacher for warm starts that open in the center (`--sft-agent`; measured in
+    experiments/log.md, "Across seeds: can the tiny model be taught to complete a line?")."""
+
+    name = "tictactoe-center"
+    RULES = (_center,)
+
+
+class TicTacToeWinAgent(TicTacToeRulesAgent):
+    """Completes a line when it can, else a uniformly random empty cell: the one skill of winning at once
+    (0.667 against the random agent)."""
+
+    name = "tictactoe-win"
+    RULES = (tictactoe.winning_cells,)
+
+
+class TicTacToeWinCenterAgent(TicTacToeRulesAgent):
+    """Completes a line when it can, else the center, else a random empty cell (0.790 against the random agent)."""
+
+    name = "tictactoe-win-center"
+    RULES = (tictactoe.winning_cells, _center)
+
+
+class TicTacToeWinBlockCenterAgent(TicTacToeRulesAgent):
+    """Completes a line when it can, else stops the opponent's, else the center, else a random empty cell: every
+    one-move tactic, no lookahead (0.890 against the random agent)."""
+
+    name = "tictactoe-win-block-center"
+    RULES = (tictactoe.winning_cells, tictactoe.blocking_cells, _center)
 
 
 def kuhn_infoset(observation: str) -> str:
@@ -184,6 +207,9 @@ SCRIPTED_AGENTS: dict[str, type[Agent]] = {
     "random": RandomAgent,
     "tictactoe-minimax": TicTacToeMinimaxAgent,
     "tictactoe-center": TicTacToeCenterAgent,
+    "tictactoe-win": TicTacToeWinAgent,
+    "tictactoe-win-center": TicTacToeWinCenterAgent,
+    "tictactoe-win-block-center": TicTacToeWinBlockCenterAgent,
     "kuhn-nash": KuhnPokerNashAgent,
     "nim-optimal": NimOptimalAgent,
 }

@@ -348,6 +348,20 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_probe(positions: int, env_id: str) -> None:
+    """A ConfigError when `--probe` asks for a negative number of positions or for a game other than TicTacToe."""
+    from unstable.config import ConfigError
+    from unstable.evaluation.probe import is_tictactoe
+    from unstable.records import EnvSpec
+
+    if positions < 0:
+        raise ConfigError(f"--probe {positions}: a number of positions, 0 (no probe) or more")
+    if positions and not is_tictactoe(EnvSpec(env_id, 2, "")):
+        raise ConfigError(
+            f"--probe {positions}: the skill probe reads TicTacToe boards; --env {env_id} is another game"
+        )
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """`unstable eval`: play a checkpoint against opponents, print the W/D/L table and write it as JSON."""
     from unstable.config import ConfigError
@@ -356,6 +370,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.adapter and not Path(args.adapter).is_dir():
         raise ConfigError(f"--adapter {args.adapter}: no such adapter directory")
+    check_probe(args.probe, args.env)
     if args.out:
         check_makeable("--out", str(Path(args.out).parent))
     model, spec = _model_and_spec(args)
@@ -371,6 +386,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             ),
             concurrency=args.concurrency,
             seed=args.seed,
+            probe_positions=args.probe,
             on_game=lambda record: bar.advance(),
         )
     print(format_report(report))
@@ -499,6 +515,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0: greedy)")
     evaluation.add_argument("--max-new-tokens", type=int, default=8)
     evaluation.add_argument("--concurrency", type=int, default=32, help="games in flight")
+    evaluation.add_argument(
+        "--probe",
+        type=int,
+        default=0,
+        metavar="POSITIONS",
+        help="TicTacToe: score the skill probe at this many positions",
+    )
     evaluation.add_argument("--out", default=None, help="write the report as JSON here")
     evaluation.set_defaults(func=cmd_eval)
     play = sub.add_parser("play", help="play a checkpoint or a pool opponent yourself, in the terminal")

@@ -1,4 +1,5 @@
-"""Evaluate a checkpoint: W/D/L per opponent and seat with Wilson intervals, and Kuhn Poker exploitability.
+"""Evaluate a checkpoint: W/D/L per opponent and seat with Wilson intervals, Kuhn Poker exploitability and the
+TicTacToe skill probe (`probe.py`).
 
 Games run concurrently on threads that share one `InferenceServer` (no Ray): the model plays through a
 `PolicyAgent`, opponents are scripted agents or other LoRA adapters, and the model's seat alternates from
@@ -23,6 +24,7 @@ from typing import Any
 from unstable.agents.policy import GenerationClient, PolicyAgent
 from unstable.agents.seating import make_agent, parse_opponent, seat_agents
 from unstable.collector.demonstrations import supervised_step
+from unstable.evaluation.probe import format_probe, probe_report
 from unstable.games.episode import DEFAULT_MAX_TURNS, play_episode
 from unstable.games.kuhn import KuhnInfoSet, aggressive_probability, exploitability, kuhn_information_sets
 from unstable.games.templates import get_template
@@ -159,10 +161,12 @@ def evaluate(
     concurrency: int = 32,
     seed: int = 0,
     max_turns: int = DEFAULT_MAX_TURNS,
+    probe_positions: int = 0,
     on_game: Callable[[GameRecord], None] = lambda record: None,
 ) -> dict[str, Any]:
     """Play the checkpoint (`model_path` plus optional LoRA `adapter`) against each opponent and return the
-    JSON-ready report; for Kuhn Poker it also holds the exact exploitability under `"kuhn"`. `inference` sets
+    JSON-ready report; for Kuhn Poker it also holds the exact exploitability under `"kuhn"`, and with
+    `probe_positions` (TicTacToe only) the skill probe at that many positions under `"probe"`. `inference` sets
     the sampling and threads of the transformers engine the games share; `on_game` sees each finished game
     (a progress bar counts them)."""
     parsed = {name: parse_opponent(name) for name in opponents}
@@ -197,6 +201,8 @@ def evaluate(
     }
     if is_kuhn(spec):
         report["kuhn"] = kuhn_exploitability(model_path, spec, adapter, inference.temperature or 1.0)
+    if probe_positions:
+        report["probe"] = probe_report(scoring_policy(model_path, adapter), spec, probe_positions, seed)
     return report
 
 
@@ -217,6 +223,11 @@ def format_report(report: dict[str, Any]) -> str:
             )
     if "kuhn" in report:
         lines.append(f"Kuhn Poker exploitability (chips/round): {report['kuhn']['exploitability']:.4f}")
+    if "probe" in report:
+        lines.append(
+            f"TicTacToe skill probe: the policy's mass on each skill's cells, {report['probe']['positions']} positions"
+        )
+        lines.append(format_probe({report["model"]: report["probe"]["skills"]}))
     return "\n".join(lines)
 
 

@@ -1,4 +1,5 @@
-"""Build a tiny, randomly initialised Qwen3-style model with a game-trained tokenizer, fully offline.
+"""Build a tiny, randomly initialised Qwen3-style model with a game-trained tokenizer, fully offline; and a random
+model of a real model's shape (Qwen3-0.6B) on that tokenizer, for measuring speed at a real model's size.
 
 The result is a normal Hugging Face model directory (``config.json``, ``model.safetensors``,
 ``generation_config.json`` and tokenizer files) that ``AutoModelForCausalLM``, ``AutoTokenizer``
@@ -52,6 +53,17 @@ DEFAULT_ENV_IDS = (
 """Games whose text trains the tokenizer: the core games first, then others that add enough vocabulary
 to fill a 1024-token BPE. Games whose moves :func:`unstable.games.moves.legal_moves` cannot read are
 played with ``[0]``, which usually ends them after an invalid move; their rules text is what matters."""
+
+QWEN3_06B_SHAPE = {
+    "hidden_size": 1024,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 3072,
+    "vocab_size": 151936,
+}
+"""Qwen3-0.6B's sizes (from its ``config.json``): the GPU benchmarks measure a random model of this shape."""
 
 _SNIPPET_REPEATS = 10  # weight of the format snippets against the game text, so they earn their own merges
 
@@ -156,14 +168,15 @@ def build_tokenizer(vocab_size: int = 1024, corpus: Iterable[str] | None = None,
 
 
 def _build_model(tokenizer, seed: int, initializer_range: float, **sizes):
-    """A randomly initialised float32 ``Qwen3ForCausalLM`` sized by ``sizes``, seeded with ``seed``; weights are
-    drawn with standard deviation ``initializer_range``."""
+    """A randomly initialised float32 ``Qwen3ForCausalLM`` sized by ``sizes`` (its vocabulary the tokenizer's
+    unless ``sizes`` names ``vocab_size``), seeded with ``seed``; weights are drawn with standard deviation
+    ``initializer_range``."""
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     pad_id = tokenizer.pad_token_id
     config = Qwen3Config(
-        vocab_size=len(tokenizer),
+        vocab_size=sizes.pop("vocab_size", len(tokenizer)),
         tie_word_embeddings=True,
         max_position_embeddings=MAX_POSITIONS,
         dtype="float32",
@@ -180,6 +193,18 @@ def _build_model(tokenizer, seed: int, initializer_range: float, **sizes):
         bos_token_id=pad_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad_id
     )
     return model
+
+
+def _save(out_dir: pathlib.Path, tokenizer, model) -> pathlib.Path:
+    """Write the model and its tokenizer to a temporary sibling directory and rename it to ``out_dir``, so
+    ``out_dir`` is never half-built; an existing ``out_dir`` is replaced."""
+    # a unique name, not out_dir.tmp: two processes may build the same model at once
+    building = pathlib.Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
+    with atomic.replace_dir(out_dir, building):
+        tokenizer.save_pretrained(building)
+        model.save_pretrained(building, safe_serialization=True)
+        building.chmod(0o755)  # mkdtemp makes it owner-only
+    return out_dir
 
 
 def build_tiny_model(
@@ -224,13 +249,7 @@ def build_tiny_model(
         head_dim=head_dim,
         intermediate_size=intermediate_size,
     )
-    # a unique name, not out_dir.tmp: two processes may build the same model at once
-    building = pathlib.Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
-    with atomic.replace_dir(out_dir, building):
-        tokenizer.save_pretrained(building)
-        model.save_pretrained(building, safe_serialization=True)
-        building.chmod(0o755)  # mkdtemp makes it owner-only
-    return out_dir
+    return _save(out_dir, tokenizer, model)
 
 
 def ensure_tiny_model(out_dir: str | os.PathLike, **kwargs) -> pathlib.Path:
@@ -239,3 +258,31 @@ def ensure_tiny_model(out_dir: str | os.PathLike, **kwargs) -> pathlib.Path:
     if (out_dir / "config.json").is_file():
         return out_dir
     return build_tiny_model(out_dir, **kwargs)
+
+
+def ensure_shaped_model(
+    out_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike, shape: dict[str, int] = QWEN3_06B_SHAPE
+) -> pathlib.Path:
+    """Return ``out_dir``, first building there (when it has no ``config.json``) a random-weight bfloat16 Qwen3 of
+    ``shape`` (default Qwen3-0.6B's) with the tokenizer at ``tokenizer_dir`` (the tiny model's): a real model's
+    cost per token without downloading it. Weights are seeded with 0 and drawn with Qwen3's standard deviation."""
+    out_dir = pathlib.Path(out_dir).resolve()
+    if (out_dir / "config.json").is_file():
+        return out_dir
+    import torch
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    return _save(out_dir, tokenizer, _build_model(tokenizer, 0, 0.02, **shape).to(torch.bfloat16))
+
+
+def weight_bytes(model_dir: str | os.PathLike, dtype_bytes: int) -> int:
+    """Bytes of weights one decode step of the model at ``model_dir`` reads, at ``dtype_bytes`` per weight (tied
+    embeddings counted once, as the output projection); the model is built on the meta device, so nothing loads."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    return dtype_bytes * sum(p.numel() for p in model.parameters())

@@ -3,18 +3,18 @@ full fine-tuning, sampling the run directory's disk use, the process tree's RSS 
 `--every` learner steps; the per-step slope of each after the first `--flat-after` steps says whether it stays
 flat. Run on demand (never from tests):
 
-    PYTHONPATH=src .venv/bin/python benchmarks/soak.py                  # 2,000 steps each (hours on 2 CPU cores)
-    PYTHONPATH=src .venv/bin/python benchmarks/soak.py --smoke          # 40 steps each, sampled every 5
-    PYTHONPATH=src .venv/bin/python benchmarks/soak.py --set learner.batch_size=4 --set collector.num_workers=4 \
+    PYTHONPATH=src .venv/bin/python experiments/soak.py                  # 2,000 steps each (hours on 2 CPU cores)
+    PYTHONPATH=src .venv/bin/python experiments/soak.py --smoke          # 40 steps each, sampled every 5
+    PYTHONPATH=src .venv/bin/python experiments/soak.py --set learner.batch_size=4 --set collector.num_workers=4 \
         --set buffer.max_buffer_size=8                                 # the committed results (see docs)
-    PYTHONPATH=src .venv/bin/python benchmarks/soak.py --steps 4 --every 2 --flat-after 0 --out /tmp/soak.json  # tests
+    PYTHONPATH=src .venv/bin/python experiments/soak.py --steps 4 --every 2 --flat-after 0 --out /tmp/soak.json  # tests
 
 `--set` overrides the demo's config in both runs (recorded in the JSON): a smaller batch makes each learner step
 cheaper, so the same number of saves, checkpoints, rows and pool updates fits in less time.
 
-Writes `--out` (default `benchmarks/results/soak.json`, `soak-smoke.json` with `--smoke`) and a PNG beside it, and
+Writes `--out` (default `experiments/results/soak.json`, `soak-smoke.json` with `--smoke`) and a PNG beside it, and
 prints the slopes.
-The probe is `footprint.sample`.
+The probe is `benchmarks/footprint.py`'s `sample`.
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from footprint import sample
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from footprint import sample  # noqa: E402
+
 EXAMPLE = ROOT / "examples" / "tictactoe-tiny.yaml"
 KINDS = {"lora": ["learner.policy.lora={lora_rank: 4, lora_alpha: 8}"], "full": ["learner.policy.lora=null"]}
 MEASURES = ("disk_bytes", "state_bytes", "checkpoint_bytes", "rss_bytes", "row_bytes", "tables_bytes")
@@ -135,7 +137,7 @@ def main() -> None:
             samples = soak(kind, args.steps, args.every, model_dir, Path(tmp), args.overrides)
             slopes = {key: slope(samples, key, args.flat_after) for key in MEASURES}
             results["runs"][kind] = {"samples": samples, "slope_per_step": slopes}
-    out = args.out or ROOT / "benchmarks" / "results" / ("soak-smoke.json" if args.smoke else "soak.json")
+    out = args.out or ROOT / "experiments" / "results" / ("soak-smoke.json" if args.smoke else "soak.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     plot(results, out.with_suffix(".png"))

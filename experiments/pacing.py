@@ -12,9 +12,9 @@ Records per run: the final evaluation's win rate against `random` with its Wilso
 seconds, RL seconds (row 0 to the last learner row), steps added and dropped by the StepBuffer, games held back,
 mean staleness and learner seconds per update. Writes the JSON to `--out` and prints a table.
 
-    .venv/bin/python benchmarks/pacing.py            # 3 seeds x 200 steps, 600 evaluation games
-    .venv/bin/python benchmarks/pacing.py --smoke    # 1 seed x 2 steps, 20 evaluation games, a tiny warm start
-    .venv/bin/python benchmarks/pacing.py --smoke --start MODEL   # the same, RL from MODEL: no warm start
+    .venv/bin/python experiments/pacing.py            # 3 seeds x 200 steps, 600 evaluation games
+    .venv/bin/python experiments/pacing.py --smoke    # 1 seed x 2 steps, 20 evaluation games, a tiny warm start
+    .venv/bin/python experiments/pacing.py --smoke --start MODEL   # the same, RL from MODEL: no warm start
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "pacing-bench", help="run directories")
     parser.add_argument("--model", default=str(ROOT / ".cache" / "tiny-qwen3"), help="the demo's base model")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "pacing.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "pacing.json")
     parser.add_argument("--start", help="RL from this model instead of the demo's warm start (a quick check)")
     args = parser.parse_args()
     if args.smoke:

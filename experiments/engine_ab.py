@@ -6,8 +6,8 @@ the baseline commit is checked out into a temporary git worktree. Tokens per CPU
 on a shared machine. Prompts are TicTacToe observations of random-vs-random games rendered with `qwen3-zs`
 (about 215-295 tokens), batches of distinct prompts, base model, temperature 1.
 
-    python benchmarks/engine_ab.py --baseline 917aa14 [--max-new-tokens 24 64] [--batches 1 16 64]
-    python benchmarks/engine_ab.py --smoke --out /tmp/engine_ab.json   # this tree against itself (tests)
+    python experiments/engine_ab.py --baseline 917aa14 [--max-new-tokens 24 64] [--batches 1 16 64]
+    python experiments/engine_ab.py --smoke --out /tmp/engine_ab.json   # this tree against itself (tests)
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--baseline", help="a commit to compare this tree with")
     parser.add_argument("--max-new-tokens", type=int, nargs="+", default=[24, 64])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
-    parser.add_argument("--out", default="benchmarks/results/engine_ab.json")
+    parser.add_argument("--out", default="experiments/results/engine_ab.json")
     parser.add_argument(
         "--smoke", action="store_true", help="this tree against itself (no worktree), 2 tokens, batch 1"
     )

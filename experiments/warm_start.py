@@ -8,7 +8,7 @@ measures the probability mass the model puts on legal cells at the answer's digi
 
 Writes `warm_start.json` under `--out-dir` and prints a table. Run on demand (never from tests):
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/warm_start.py
+    HF_HUB_OFFLINE=1 .venv/bin/python experiments/warm_start.py
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    parser.add_argument("--out-dir", default="benchmarks/results")
+    parser.add_argument("--out-dir", default="experiments/results")
     args = parser.parse_args(argv)
     results: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},

@@ -14,7 +14,7 @@ against the other) says how far apart two unkilled runs land. Writes the JSON to
 
 Run on demand (never from tests); the machine's load only changes the timings:
 
-    .venv/bin/python benchmarks/kill_soak.py
+    .venv/bin/python experiments/kill_soak.py
 """
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="the run's seed (also draws the kill moments)")
     parser.add_argument("--references", type=int, default=2, help="unkilled runs of the same seed (>= 2: noise)")
     parser.add_argument("--runs-dir", default="runs/kill-soak", help="where the runs go (emptied first)")
-    parser.add_argument("--out", default="benchmarks/results/kill_soak.json")
+    parser.add_argument("--out", default="experiments/results/kill_soak.json")
     return parser.parse_args(argv)
 
 
