@@ -5,10 +5,16 @@ generated tokens/s, learner seconds/step, the prefix cache's hit rate and peak m
 then times the bare inference backend alone at the same batch size, so the loop's overhead is visible (the peer
 note in `shared/notes/ub-peer-cpu.md` measured UnstableBaselines at 178 tok/s vs 1,797 for a bare vLLM engine).
 With `--routing` it instead runs the loop with 2 inference actors once per `inference.routing` (least outstanding,
-then by game) and compares the two.
+then by game) and compares the two. With `--scale` it runs the loop with 1 and 2 learners x 1 and 2 inference actors
+(4 runs, one at a time, the same steps and games in flight) and compares games/s, learner tokens/s and the balance
+of each (the share of the time the learner waited for data, the share of game-slot time pacing held collection
+back, the run's recommendation: `unstable.tracking.balance`). Devices come from the config: on GPUs give them with
+`--set`, e.g. `--set learner.num_gpus=1 --set inference.num_gpus=1` (4 GPUs for the 2 x 2 run).
 
     python benchmarks/loop.py [--backend transformers|vllm] [--steps 6] [--workers 16] [--out FILE]
     python benchmarks/loop.py --routing [--steps 20] [--workers 16] [--out benchmarks/results/routing.json]
+    python benchmarks/loop.py --scale [--steps 12] [--workers 16] [--set KEY=VALUE ...]
+        [--out benchmarks/results/scaling.json]
 """
 
 from __future__ import annotations
@@ -51,8 +57,9 @@ class PeakMemory:
             self._stop.wait(self.interval_s)
 
 
-def loop_overrides(args, workers: int, steps: int) -> list[str]:
-    """This benchmark's settings over the demo config: the UnstableBaselines peer's run (ub-peer-cpu.md)."""
+def loop_overrides(args, workers: int, steps: int, *mode: str) -> list[str]:
+    """This benchmark's settings over the demo config: the UnstableBaselines peer's run (ub-peer-cpu.md), then a
+    mode's own (`mode`), then the user's `--set`."""
     return [
         f"learner.num_steps={steps}",
         f"collector.num_workers={workers}",
@@ -75,6 +82,8 @@ def loop_overrides(args, workers: int, steps: int) -> list[str]:
         "buffer.max_buffer_size=512",
         "run.name=bench-loop",
         f"run.dir={args.run_dir}",
+        *mode,
+        *args.set,  # last, so they win: the devices of a GPU machine, another model
     ]
 
 
@@ -91,6 +100,7 @@ def measure_loop(cfg) -> dict:
     time counts from the call. `cfg` needs at least 2 learner steps."""
     from unstable.runtime import train
     from unstable.tracking import keys
+    from unstable.tracking.balance import recommendation, run_balance
 
     rows, arrived = [], []
     start = time.perf_counter()
@@ -105,8 +115,11 @@ def measure_loop(cfg) -> dict:
     steady = rows[first + 1 :]
     seconds = arrived[-1] - arrived[first]
     steps = cfg.learner.num_steps
+    updates = [r for r in steady if keys.UPDATE_SECONDS in r]
+    balance = run_balance(rows)  # over the same steps: those after the first
     return {
         "workers": cfg.collector.num_workers,
+        "load_average": os.getloadavg()[0],  # the machine's 1-minute load when the run ended
         "wall_s": time.perf_counter() - start,
         "first_learner_step_s": arrived[first],
         "games_per_s": sum(r["collector/train_games"] for r in steady) / seconds,
@@ -115,9 +128,13 @@ def measure_loop(cfg) -> dict:
         "prefix_cache_hit_rate": sum(r[keys.INFERENCE_CACHED_PROMPT_TOKENS] for r in steady)
         / max(sum(r[keys.INFERENCE_PROMPT_TOKENS] for r in steady), 1),
         "requests_by_actor": [sum(served) for served in zip(*(r[keys.INFERENCE_REQUESTS_BY_ACTOR] for r in steady))],
-        "learner_s_per_step": statistics.mean(
-            r["learner/update_seconds"] for r in steady if "learner/update_seconds" in r
-        ),
+        "learner_s_per_step": statistics.mean(r[keys.UPDATE_SECONDS] for r in updates),
+        # the whole batch's tokens over the update's seconds (with several learners: rank 0's), over every update
+        "learner_tokens_per_s": sum(r[keys.TRAIN_TOKENS_PER_S] * r[keys.UPDATE_SECONDS] for r in updates)
+        / sum(r[keys.UPDATE_SECONDS] for r in updates),
+        "learner_wait_share": balance.learner_wait_share,
+        "held_back_share": balance.held_back_share,
+        "recommendation": recommendation(balance),
         "peak_rss_gb": memory.peak_bytes / 1e9,
         "last_checkpoint": str(Path(summary.run_dir) / "checkpoints" / f"ckpt-{steps}"),
     }
@@ -133,8 +150,8 @@ def run_routing(args) -> dict:
 
     runs = {}
     for routing in ROUTINGS:
-        overrides = loop_overrides(args, args.workers, args.steps)
-        overrides += ["inference.num_actors=2", f"inference.routing={routing}", f"run.name=bench-routing-{routing}"]
+        mode = ["inference.num_actors=2", f"inference.routing={routing}", f"run.name=bench-routing-{routing}"]
+        overrides = loop_overrides(args, args.workers, args.steps, *mode)
         runs[routing] = measure_loop(load_config(ROOT / "examples" / "tictactoe-tiny.yaml", overrides))
     by_game, least = runs["game"], runs["least_outstanding"]
     ratios = {k: by_game[k] / least[k] for k in ("prefix_cache_hit_rate", "tokens_per_s", "games_per_s")}
@@ -147,6 +164,33 @@ def print_routing(result: dict) -> None:
     for routing, run in result["runs"].items():
         hit, tokens, games = run["prefix_cache_hit_rate"], run["tokens_per_s"], run["games_per_s"]
         print(f"{routing:<20}{hit:>10.3f}{tokens:>10.1f}{games:>10.2f}  {run['requests_by_actor']}")
+
+
+SCALES = ((1, 1), (1, 2), (2, 1), (2, 2))  # (learner.num_learners, inference.num_actors)
+
+
+def run_scale(args) -> dict:
+    """The loop of `run_loop` once per pair of `SCALES`, one at a time, with the same steps and games in flight."""
+    from unstable.config import load_config
+
+    runs = {}
+    for learners, actors in SCALES:
+        name = f"{learners}x{actors}"
+        scale = [f"learner.num_learners={learners}", f"inference.num_actors={actors}", f"run.name=bench-scale-{name}"]
+        cfg = load_config(
+            ROOT / "examples" / "tictactoe-tiny.yaml", loop_overrides(args, args.workers, args.steps, *scale)
+        )
+        runs[name] = {"learners": learners, "inference_actors": actors} | measure_loop(cfg)
+    return {"backend": args.backend, "settings": vars(args), "runs": runs}
+
+
+def print_scale(result: dict) -> None:
+    """The four runs of `run_scale` as a table, each with its recommendation."""
+    print(f"{'learners x actors':<19}{'games/s':>9}{'learner tok/s':>15}{'learner wait':>14}{'held back':>11}  advice")
+    for name, run in result["runs"].items():
+        games, tokens = run["games_per_s"], run["learner_tokens_per_s"]
+        wait, held = run["learner_wait_share"], run["held_back_share"]
+        print(f"{name:<19}{games:>9.2f}{tokens:>15.0f}{wait:>14.0%}{held:>11.0%}  {run['recommendation']}")
 
 
 def run_bare(args, batch: int, adapter: str | None = None) -> dict:
@@ -216,14 +260,19 @@ def main() -> None:
         help="games in flight of the concurrency comparison (learner steps: --steps // 2)",
     )
     parser.add_argument("--run-dir", default="runs")
-    parser.add_argument("--routing", action="store_true", help="compare inference.routing over 2 inference actors")
-    parser.add_argument("--out", help="default: benchmarks/results/loop.json (routing.json with --routing)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override, last")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--routing", action="store_true", help="compare inference.routing over 2 inference actors")
+    mode.add_argument("--scale", action="store_true", help="1 and 2 learners x 1 and 2 inference actors")
+    parser.add_argument("--out", help="default: benchmarks/results/loop.json (routing.json, scaling.json)")
     args = parser.parse_args()
-    args.out = args.out or f"benchmarks/results/{'routing' if args.routing else 'loop'}.json"
-    if args.routing:
-        result = run_routing(args)
+    default = "routing" if args.routing else "scaling" if args.scale else "loop"
+    args.out = args.out or f"benchmarks/results/{default}.json"
+    if args.routing or args.scale:
+        run, show = (run_routing, print_routing) if args.routing else (run_scale, print_scale)
+        result = run(args)
         write_result(result, args.out)
-        print_routing(result)
+        show(result)
         return
 
     loop = run_loop(args, args.workers, args.steps)

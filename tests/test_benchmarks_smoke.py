@@ -111,6 +111,18 @@ def test_the_loop_benchmark_compares_the_routings(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.slow
+def test_the_loop_benchmark_compares_learners_and_inference_actors(tiny_model_dir, tmp_path):
+    """`loop.py --scale`: the loop with 1 and 2 learners x 1 and 2 inference actors, each run's balance."""
+    args = ["--scale", "--steps", "3", "--workers", "2", "--batch-size", "4", "--max-new-tokens", "4"]
+    args += ["--run-dir", f"{TMP}/runs", "--out", f"{TMP}/scaling.json"]
+    assert "learner tok/s" in run_benchmark("loop.py", args, tmp_path, tiny_model_dir)
+    runs = json.loads((tmp_path / "scaling.json").read_text())["runs"]
+    assert [(run["learners"], run["inference_actors"]) for run in runs.values()] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    for run in runs.values():
+        assert run["learner_tokens_per_s"] > 0 and 0 <= run["learner_wait_share"] <= 1 and run["recommendation"]
+
+
+@pytest.mark.slow
 def test_the_learning_benchmark_and_its_reevaluation(tiny_model_dir, tmp_path):
     """One recipe (the TicTacToe one: its curve, the minimax column; the Kuhn Poker recipe runs through `unstable
     train` in test_recipes.py) over one seed, then reevaluate.py on what it wrote."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from unstable.buffer import StepBuffer
 from unstable.collector import Collector
 from unstable.collector.config import CollectorConfig
@@ -103,6 +105,8 @@ def _until_idle(pool: ModelPool, quiet_s: float = 1.0, limit_s: float = 20.0) ->
 
 
 def test_pacing_starts_no_game_whose_steps_the_full_buffer_would_drop(tmp_path):
+    import time
+
     # 8 slots, a buffer of 40 steps (about 13 games of 3 learner steps) and no learner taking batches: the games
     # in flight are counted before they finish, so the buffer fills and then nothing more is played or dropped
     collector, pool, buffer, runner = _collect_in_background(tmp_path, 40, pacing=True)
@@ -111,6 +115,9 @@ def test_pacing_starts_no_game_whose_steps_the_full_buffer_would_drop(tmp_path):
         assert buffer.size() > 40 - 2 * 5  # filled up to about a game's steps of the capacity
         assert buffer.counters[keys.BUFFER_STEPS_DROPPED] <= 5  # at most one game's steps more than expected
         assert collector.metrics()[keys.GAMES_HELD_BACK] >= 8  # every slot waits once it is full
+        time.sleep(0.5)  # a window of the held-back time in which every slot waits
+        held = collector.metrics()
+        assert held[keys.HELD_BACK_SHARE] == pytest.approx(1.0) and held[keys.HELD_BACK_SLOT_SECONDS] >= 8 * 0.5
         taken = buffer.get_batch(30)  # the learner takes a batch: collection resumes
         assert len(taken) == 30
         played = pool.games_played

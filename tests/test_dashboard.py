@@ -52,6 +52,15 @@ def test_a_recorded_run_renders_every_panel_with_its_numbers():
     assert "42%" in frame and "8.0 / 80.0 GiB" in frame  # the system gauges
 
 
+def test_the_throughput_panel_shows_which_side_waits():
+    rows = [{keys.STEP: 3, keys.WAIT_SHARE: 0.62, keys.HELD_BACK_SHARE: 0.04}]
+    console = Console(width=100, record=True, file=open(os.devnull, "w"))
+    console.print(panels.throughput(rows))
+    frame = console.export_text()
+    assert "learner wait share" in frame and "62%" in frame
+    assert "collection held back" in frame and "4%" in frame
+
+
 def test_the_ladder_panel_shows_games_and_dims_provisional_agents_without_odds():
     ladder = [
         {"agent": "ckpt-9", "mu": 28.0, "sigma": 0.8, "conservative": 25.6, "games": 1000, "win_probability": 0.5},

@@ -106,6 +106,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from unstable.config import ConfigError, load_config
     from unstable.runtime import resume_training, train
     from unstable.runtime.driver import check_run_dir
+    from unstable.tracking.balance import balance_lines
+    from unstable.tracking.history import read_rows
 
     if (args.config is None) == (args.resume is None):
         raise ConfigError("train needs a CONFIG file or --resume RUN_DIR (not both)")
@@ -145,6 +147,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(_format_eval(f"eval vs {opponents} at end  ", summary.eval_end))
     if summary.warm_start_checkpoint:
         print(f"  warm start: {summary.warm_start_checkpoint}")
+    for line in balance_lines(read_rows(summary.run_dir)):
+        print(f"  {line}")
     print(f"  run dir: {summary.run_dir} (config.yaml, metrics.jsonl, checkpoints/, logs/)")
     print(f"  watch or plot it: unstable dashboard {summary.run_dir}   unstable report {summary.run_dir}")
     if summary.stopped:

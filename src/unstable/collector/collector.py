@@ -23,7 +23,7 @@ from unstable.agents.policy import GenerationClient, PolicyAgent
 from unstable.agents.seating import make_agent, parse_opponent, seat_agents
 from unstable.buffer.step_buffer import steps_to_add
 from unstable.collector.config import EVAL_CONCURRENCY, CollectorConfig
-from unstable.collector.pacing import Pacing
+from unstable.collector.pacing import HeldSlots, Pacing
 from unstable.games.branching import play_branched_episode
 from unstable.games.episode import play_episode
 from unstable.games.templates import get_template
@@ -82,6 +82,7 @@ class Collector:
         self._stop = threading.Event()
         self._failed_in_a_row = 0  # training games, since the last one that did not fail
         self.pacing = Pacing(cfg.max_turns * cfg.group_size, enabled=cfg.pacing)
+        self.held_slots = HeldSlots()  # the time pacing keeps training slots empty, for the rows
 
     def collect(self, num_workers: int, num_eval_workers: int = 0) -> dict[str, int]:
         """Keep the games in flight until `stop()` is called; returns how many games of each kind ran and how many
@@ -108,6 +109,7 @@ class Collector:
             stopping = self._stopping()
             while True:
                 waiting = 0 if stopping else self._start_training(waiting + arrived, arrived, in_flight, start)
+                self.held_slots.set(num_workers, waiting)
                 if not (in_flight or waiting):
                     break
                 if in_flight:
@@ -127,11 +129,18 @@ class Collector:
                         arrived += 1
                     elif not stopping:
                         start(kind)
+        self.held_slots.set(0, 0)
         return counts
 
-    def metrics(self) -> dict[str, int]:
-        """The collector's own counters for the Tracker's rows (games held back by pacing)."""
-        return {keys.GAMES_HELD_BACK: self.pacing.held_back}
+    def metrics(self) -> dict[str, float]:
+        """The collector's own counters for the Tracker's rows: games held back by pacing, and the slot time held
+        back since the previous call (the Tracker calls it once per row) with its share of all slots' time."""
+        held, slots = self.held_slots.take()
+        return {
+            keys.GAMES_HELD_BACK: self.pacing.held_back,
+            keys.HELD_BACK_SLOT_SECONDS: held,
+            keys.HELD_BACK_SHARE: held / slots if slots else 0.0,
+        }
 
     def _start_training(self, waiting: int, arrived: int, in_flight: dict[Future, str], start) -> int:
         """Start as many of the `waiting` training games (`arrived` of them freed in this round) as pacing allows;

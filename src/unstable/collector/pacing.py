@@ -9,6 +9,8 @@ waiting for a batch never waits forever (a buffer smaller than one game's steps 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 
 
 class Pacing:
@@ -51,3 +53,38 @@ class Pacing:
         """Count the games held back in a round where `arrived` slots freed up and `still_waiting` did not start
         (the earliest waiting start first, so at most `arrived` of them are new)."""
         self.held_back += min(arrived, still_waiting)
+
+
+class HeldSlots:
+    """How many training-game slots exist and how many of them pacing holds empty, integrated over time: the
+    slot-seconds held back and all slots' seconds since the previous `take` (the collector's loop sets the counts,
+    the Tracker's row takes the window, from another thread)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._slots = 0
+        self._held = 0
+        self._since = clock()
+        self._slot_seconds = 0.0
+        self._held_seconds = 0.0
+
+    def set(self, slots: int, held: int) -> None:
+        """From now on `slots` training slots exist, `held` of them empty because pacing holds their games back."""
+        with self._lock:
+            self._advance()
+            self._slots, self._held = slots, held
+
+    def take(self) -> tuple[float, float]:
+        """(held slot-seconds, all slots' seconds) since the previous take (or construction); a new window starts."""
+        with self._lock:
+            self._advance()
+            window = (self._held_seconds, self._slot_seconds)
+            self._held_seconds = self._slot_seconds = 0.0
+            return window
+
+    def _advance(self) -> None:
+        now = self._clock()
+        elapsed, self._since = now - self._since, now
+        self._slot_seconds += self._slots * elapsed
+        self._held_seconds += self._held * elapsed

@@ -105,6 +105,8 @@ THROUGHPUT = (
     ("learner tokens/s", keys.TRAIN_TOKENS_PER_S, ",.0f"),
     ("learner step time (s)", keys.UPDATE_SECONDS, ".2f"),
     ("learner wait (s)", keys.WAIT_SECONDS, ".2f"),
+    ("learner wait share", keys.WAIT_SHARE, ".0%"),  # of the step's wall time, waiting for data
+    ("collection held back", keys.HELD_BACK_SHARE, ".0%"),  # of the game slots' time, waiting for the learner
 )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from unstable.report import data
 from unstable.tracking import keys
+from unstable.tracking.balance import balance_lines
 from unstable.tracking.history import final_row, latest_value, learner_rows, read_rows, series
 
 LABELS = {
@@ -185,7 +186,8 @@ PLOTS = {
 
 
 def summary_markdown(run_name: str, rows: list[dict[str, Any]], images: list[str]) -> str:
-    """The report's Markdown: the run's totals, evaluations with intervals, final ladder and the plots."""
+    """The report's Markdown: the run's totals and balance (`tracking.balance`), evaluations with intervals, final
+    ladder and the plots."""
     steps = learner_rows(rows)
     last = steps[-1] if steps else {}
     final = final_row(rows)
@@ -202,6 +204,7 @@ def summary_markdown(run_name: str, rows: list[dict[str, Any]], images: list[str
         f"- format ok: {_number(last.get(keys.FORMAT_OK_RATE), '.2f')}, invalid moves: "
         f"{_number(last.get(keys.INVALID_MOVE_RATE), '.2f')}, action entropy: "
         f"{_number(last.get(keys.ACTION_ENTROPY), '.2f')} bits",
+        *(f"- {line}" for line in balance_lines(rows)),
         "",
         "## Evaluation (learner vs the eval opponents, 95% Wilson intervals)",
         "",

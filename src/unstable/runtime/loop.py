@@ -39,6 +39,7 @@ class LearnerLoop:
         self._saved_at = time.monotonic()
         self._saved_step: int | None = None
         self._save_seconds = 0.0
+        self._logged_at: float | None = None  # when this loop logged its previous row (perf_counter)
 
     def initialize(self) -> None:
         """Load the model and build the optimizer (the heavy start-up, separate from construction)."""
@@ -53,6 +54,7 @@ class LearnerLoop:
         self.learner.initialize()
         rows = []
         for _ in range(num_steps):
+            began = self._logged_at if self._logged_at is not None else time.perf_counter()
             steps, waited, dropped = self._wait_for_batch()
             metrics = self.learner.train_step(steps)
             directory = self.run_dir / "checkpoints" / f"ckpt-{self.learner.step}"
@@ -60,12 +62,16 @@ class LearnerLoop:
             self.model_pool.add_checkpoint(
                 path=path, iteration=self.learner.step, kind=self.learner.cfg.policy.checkpoint_kind
             )
+            seconds = time.perf_counter() - began
             metrics |= {
                 keys.WAIT_SECONDS: waited,
+                keys.STEP_SECONDS: seconds,
+                keys.WAIT_SHARE: waited / seconds,
                 keys.STALE_DROPPED: dropped,
                 keys.STATE_SAVE_SECONDS: self._save_seconds,
             }
             rows.append(self.tracker.log(metrics))
+            self._logged_at = time.perf_counter()
             resume.pause_for_test(self.run_dir, "after-log", self.learner.step, before=self.writer.wait)
             self._save_seconds = 0.0
             minutes = (time.monotonic() - self._saved_at) / 60

@@ -37,7 +37,13 @@ STALE_DROPPED = "learner/stale_dropped"
 SKIPPED_UPDATES = "learner/skipped_updates"  # optimizer steps skipped in this update for a non-finite gradient
 SKIPPED_UPDATES_TOTAL = "learner/skipped_updates_total"
 UPDATE_SECONDS = "learner/update_seconds"
+# seconds the learner sat waiting for the StepBuffer to hold a batch of fresh steps (polling it, taking the batch,
+# dropping stale steps), in this learner step
 WAIT_SECONDS = "learner/wait_seconds"
+# wall seconds of this learner step: from the previous step's row (a session's first step: from the learner's call)
+# to this row; waiting for the batch, the update, the checkpoint and the previous step's resume state
+STEP_SECONDS = "learner/step_seconds"
+WAIT_SHARE = "learner/wait_share"  # wait_seconds / step_seconds: the share of the step the learner waited for data
 # seconds the previous step spent on its resume state on the learner's path (the snapshot, waiting for the write
 # before it); 0 for a step after one that saved none
 STATE_SAVE_SECONDS = "learner/state_save_seconds"
@@ -67,6 +73,13 @@ TRAIN_WDL_BY_OPPONENT = "collector/wdl_by_opponent"
 # training games whose start pacing held back while their steps would not fit in the StepBuffer (collector.pacing):
 # each counted once, however long it waited; counted since the collector (re)started
 GAMES_HELD_BACK = "collector/games_held_back"
+# game-slot seconds since the previous row during which a training-game slot (one of collector.num_workers) stayed
+# empty because pacing held its game back: collection waiting for the learner to take a batch (and publish newer
+# weights) before its steps would fit in the StepBuffer
+HELD_BACK_SLOT_SECONDS = "collector/held_back_slot_seconds"
+# held_back_slot_seconds / the training slots' seconds since the previous row (num_workers x the row's seconds while
+# collecting): the share of collection's capacity that waited for the learner (0 without pacing)
+HELD_BACK_SHARE = "collector/held_back_share"
 
 # evaluation: W/D/L over the rolling window of the last `TrackerConfig.window_games` eval games
 EVAL_GAMES = "eval/games"
