@@ -103,7 +103,7 @@ def test_the_benchmark_runs_with_its_smallest_settings(script, tiny_model_dir, t
 @pytest.mark.slow
 def test_the_loop_benchmark_compares_the_routings(tiny_model_dir, tmp_path):
     """`loop.py --routing`: the loop with 2 inference actors once per `inference.routing`."""
-    args = ["--routing", "--steps", "3", "--workers", "2", "--batch-size", "4", "--max-new-tokens", "4"]
+    args = ["--routing", "--steps", "2", "--workers", "2", "--batch-size", "4", "--max-new-tokens", "4"]
     args += ["--run-dir", f"{TMP}/runs", "--out", f"{TMP}/routing.json"]
     assert "least_outstanding" in run_benchmark("benchmarks/loop.py", args, tmp_path, tiny_model_dir)
     result = json.loads((tmp_path / "routing.json").read_text())
@@ -113,9 +113,9 @@ def test_the_loop_benchmark_compares_the_routings(tiny_model_dir, tmp_path):
 @pytest.mark.slow
 def test_the_loop_benchmark_compares_learners_and_inference_actors(tiny_model_dir, tmp_path):
     """`loop.py --scale`: the loop with 1 and 2 learners x 1 and 2 inference actors, each run's balance."""
-    args = ["--scale", "--steps", "3", "--workers", "2", "--batch-size", "4", "--max-new-tokens", "4"]
+    args = ["--scale", "--steps", "2", "--workers", "2", "--batch-size", "4", "--max-new-tokens", "4"]
     args += ["--run-dir", f"{TMP}/runs", "--out", f"{TMP}/scaling.json"]
-    assert "learner tok/s" in run_benchmark("loop.py", args, tmp_path, tiny_model_dir)
+    assert "learner tok/s" in run_benchmark("benchmarks/loop.py", args, tmp_path, tiny_model_dir)
     runs = json.loads((tmp_path / "scaling.json").read_text())["runs"]
     assert [(run["learners"], run["inference_actors"]) for run in runs.values()] == [(1, 1), (1, 2), (2, 1), (2, 2)]
     for run in runs.values():
