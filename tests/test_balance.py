@@ -129,3 +129,17 @@ def test_unstable_train_logs_the_balance_per_step_and_prints_its_recommendation(
     assert lines[0].startswith("balance over learner steps 2-3")
     for line in lines:
         assert f"  {line}\n" in printed
+
+
+def test_steps_dropped_unused_say_collection_outran_the_learner():
+    """Without pacing, collection that outruns the learner is never held back: the StepBuffer drops the steps the
+    learner had no time for. Their share since the first learner step (the counters are totals) tells it."""
+    from unstable.tracking.balance import DROPPED_LIMIT, Balance
+
+    first, last = _row(1, 10.0, 0.0, 0.0), _row(2, 10.0, 0.0, 0.0)
+    first |= {keys.BUFFER_STEPS_ADDED: 100, keys.BUFFER_STEPS_DROPPED: 0}
+    last |= {keys.BUFFER_STEPS_ADDED: 500, keys.BUFFER_STEPS_DROPPED: 280}
+    balance = run_balance([{keys.STEP: 0}, first, last])
+    assert balance.dropped_share == pytest.approx(280 / 400) and balance.dropped_share > DROPPED_LIMIT
+    assert "collection outran the learner: 70% of the steps it generated were dropped" in recommendation(balance)
+    assert recommendation(Balance(0.1, 0.0, 0.1)).startswith("balanced")

@@ -20,6 +20,10 @@ LEARNER_WAIT_LIMIT = 0.25
 # The same bound for collection: a quarter of the game slots held empty means collection could run 1.33x as fast
 # with a learner that kept up.
 HELD_BACK_LIMIT = 0.25
+# Above this share of the steps collection generated dropped by the StepBuffer before any batch took them (its
+# counters are totals), collection outran the learner without being held back (pacing off, or the buffer still
+# filling): a quarter of the games' inference spent for nothing.
+DROPPED_LIMIT = 0.25
 
 
 @dataclass(frozen=True)
@@ -28,18 +32,28 @@ class Balance:
 
     learner_wait_share: float  # of the learner's wall time, waiting for the StepBuffer to hold a batch
     held_back_share: float  # of collection's game-slot time, slots left empty by pacing (waiting for the learner)
+    dropped_share: float = 0.0  # of the steps added to the StepBuffer, dropped before training
 
 
 def run_balance(rows: list[dict[str, Any]]) -> Balance | None:
     """The balance over the learner rows of `rows` after the first (`keys.STEP_SECONDS` in them), None without
     such rows (a run of one step, or one logged before these keys existed)."""
-    timed = [row for row in rows if keys.STEP_SECONDS in row][1:]
+    learner_rows = [row for row in rows if keys.STEP_SECONDS in row]
+    timed = learner_rows[1:]
     seconds = sum(row[keys.STEP_SECONDS] for row in timed)
     if seconds <= 0:
         return None
     waited = sum(row[keys.WAIT_SECONDS] for row in timed)
     held = sum(row.get(keys.HELD_BACK_SHARE, 0.0) * row[keys.STEP_SECONDS] for row in timed)
-    return Balance(waited / seconds, held / seconds)
+    return Balance(waited / seconds, held / seconds, _dropped_share(learner_rows))
+
+
+def _dropped_share(rows: list[dict[str, Any]]) -> float:
+    """The share of the steps added to the StepBuffer after the first of `rows` up to the last that it dropped."""
+    first, last = rows[0], rows[-1]
+    added = last.get(keys.BUFFER_STEPS_ADDED, 0) - first.get(keys.BUFFER_STEPS_ADDED, 0)
+    dropped = last.get(keys.BUFFER_STEPS_DROPPED, 0) - first.get(keys.BUFFER_STEPS_DROPPED, 0)
+    return dropped / added if added > 0 else 0.0
 
 
 def recommendation(balance: Balance) -> str:
@@ -55,6 +69,12 @@ def recommendation(balance: Balance) -> str:
         return (
             "collection is the bottleneck: add inference actors (inference.num_actors) or games in flight "
             "(collector.num_workers), or give inference a faster device"
+        )
+    if balance.dropped_share > DROPPED_LIMIT and not learner_waits:
+        return (
+            f"collection outran the learner: {balance.dropped_share:.0%} of the steps it generated were dropped "
+            "before training; turn on collector.pacing (it holds games back instead) or add learners "
+            "(learner.num_learners)"
         )
     if collection_waits:
         return (
