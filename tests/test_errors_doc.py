@@ -271,6 +271,15 @@ CASES = [
     ("GPUs among the inference actors' custom resources", _with("inference.resources={GPU: 1}"), "inference.resources"),
     ("a custom resource amount of 0", _with("inference.resources={node2: 0}"), "inference.resources"),
     ("a CPU cap on a Ray cluster it joins", _num_cpus_on_a_cluster, "run.num_cpus"),
+    ("FSDP sharding of a LoRA adapter", _with("learner.sharding=fsdp", "learner.num_learners=2"), "sharding"),
+    ("FSDP sharding with one learner", _with("learner.sharding=fsdp", "learner.policy.lora=null"), "sharding"),
+    (
+        "FSDP sharding for a2c",
+        _with(
+            "learner.sharding=fsdp", "learner.policy.lora=null", "learner.num_learners=2", "learner.algorithm.name=a2c"
+        ),
+        "sharding",
+    ),
 ]
 
 
