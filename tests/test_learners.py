@@ -312,3 +312,34 @@ def test_two_learner_actors_through_unstable_train_log_each_step_once_and_resume
     assert all(math.isfinite(r[keys.LOSS]) and r[keys.BATCH_SIZE] == 4 for r in rows[1:-1])
     assert rows[-1]["final"] is True and _latest_step(run_dir) == 3
     assert (run_dir / "checkpoints" / "ckpt-3" / "model.safetensors").exists()  # rank 0 saved it
+
+
+@pytest.mark.slow  # runs of unstable train
+def test_two_sharded_full_fine_tuning_learners_through_unstable_train_log_each_step_once_and_resume(
+    tiny_model_dir, tmp_path
+):
+    overrides = tiny_run(
+        tmp_path,
+        tiny_model_dir,
+        "fsdp",
+        "warm_start=null",
+        "learner.policy.lora=null",
+        "learner.num_learners=2",
+        "learner.sharding=fsdp",
+        "learner.num_steps=2",
+        "learner.resume_state.every_steps=1",
+    )
+    run_dir = tmp_path / "fsdp"
+    sets = [arg for o in overrides for arg in ("--set", o)]
+    _kill_when_paused(_start([str(EXAMPLE), *sets], "after-log:2", tmp_path), run_dir)  # step 2 logged, then killed
+    assert _steps(run_dir) == [0, 1, 2] and _latest_step(run_dir) == 1
+
+    resumed = _start(["--resume", str(run_dir)], None, tmp_path)
+    output = resumed.communicate(timeout=300)[0].decode()
+    assert resumed.returncode == 0, output[-3000:]
+    assert _steps(run_dir) == [0, 1, 2]  # each step logged once: step 2 redone from step 1's sharded-and-gathered state
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r[keys.LOSS]) and r[keys.BATCH_SIZE] == 4 for r in rows[1:-1])
+    assert rows[-1]["final"] is True and _latest_step(run_dir) == 2
+    whole = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "ckpt-2")  # rank 0 gathered and saved it
+    assert whole.num_parameters() == AutoModelForCausalLM.from_pretrained(tiny_model_dir).num_parameters()
