@@ -11,7 +11,7 @@ With `sharding` 'fsdp' (full fine-tuning) the model's parameters, gradients and 
 the ranks with FSDP2 (`shard_model`: each decoder layer, then the rest): FSDP itself averages those
 gradients (a reduce-scatter in the backward pass), so the collectives above touch only the parameters outside
 the model, and the whole weights and optimizer state are gathered for checkpoints and resume states (every rank
-calls `full_model_state`, `full_tensor` and `full_optimizer_state` together).
+calls `full_model_state`, `whole_copy` and `full_optimizer_state` together).
 
 Plain torch.distributed (gloo on the CPU, NCCL on cuda): `unstable.runtime` starts the processes as Ray actors and
 gives every rank rank 0's address (`join`).
@@ -173,6 +173,14 @@ class DataParallel:
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The whole of `tensor`: gathered from every rank when it is sharded (every rank calls it together)."""
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def whole_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of the whole `tensor`; a sharded one is gathered from every rank (which call it together) onto the CPU,
+    so that no device ever holds more than one whole weight at a time."""
+    if isinstance(tensor, DTensor):
+        return tensor.full_tensor().cpu()
+    return tensor.detach().clone()
 
 
 def assign(param: torch.Tensor, value: torch.Tensor) -> None:

@@ -23,7 +23,7 @@ from unstable.algorithms.batching import TokenBatch, decision_positions, micro_b
 from unstable.algorithms.trainable import PolicyOutput
 from unstable.inference.decoding import top_p_nucleus
 from unstable.learner.config import PolicyConfig
-from unstable.learner.parallel import assign, full_tensor
+from unstable.learner.parallel import assign, whole_copy
 from unstable.records import Step
 
 # A chunk's top-p nuclei are sorted in this many parts: the probabilities, the sort's values and int64 indices and
@@ -274,10 +274,9 @@ class PolicyModel:
         self.tokenizer.save_pretrained(directory)
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
-        """Copies of the whole trainable weights by name (what an update changes); a sharded model's gathered from
-        every rank, which call it together."""
-        named = self.model.named_parameters()
-        return {name: full_tensor(p.detach()).clone() for name, p in named if p.requires_grad}
+        """Copies of the whole trainable weights by name (what an update changes); a sharded model's gathered onto
+        the CPU from every rank, which call it together."""
+        return {name: whole_copy(p.detach()) for name, p in self.model.named_parameters() if p.requires_grad}
 
     def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
         """Overwrite the trainable weights with `state` (from `trainable_state`); names must match exactly."""
