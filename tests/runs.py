@@ -18,6 +18,7 @@ The tests of the paths users take (engine x fine-tuning x dtype x inference acto
 | LoRA warm start, killed in it and twice in RL, resumed each time | `test_resume_kill` |
 | transformers, full fine-tuning, every weight load failing | `test_faults`: the run stops with the cause, status 1 |
 | two learner actors (gloo), killed after a row and resumed | `test_learners`: each step logged once |
+| two FSDP-sharded full fine-tuning learners, killed after a row and resumed | `test_learners`: whole checkpoints |
 | transformers, LoRA, the inference actor on a second Ray node, resumed | `test_ray_cluster`: checkpoints shipped |
 """
 

@@ -77,6 +77,9 @@ def test_micro_batches_respect_the_token_budget():
     assert [[len(steps[i].prompt_token_ids) + 1 for i in g] for g in groups] == [[3, 5], [5], [9]]
     assert [len(g) for g in pack_micro_batches(steps, token_budget=10, max_train_len=4)] == [2, 2]  # 4 tokens each
     assert [len(g) for g in pack_micro_batches(steps, token_budget=100, max_rows=3)] == [3, 1]
+    assert pack_micro_batches(steps, token_budget=10, min_count=4) == [[1], [2], [3], [0]]  # the largest halved
+    with pytest.raises(ValueError, match="4 steps cannot make 5 micro-batches"):
+        pack_micro_batches(steps, token_budget=10, min_count=5)
 
 
 def test_micro_batches_remember_the_rows_they_came_from():

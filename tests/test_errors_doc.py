@@ -277,6 +277,15 @@ CASES = [
         "--probe",
     ),
     ("eval's skill probe at -1 positions", _cli("eval", "--model", "org/m", "--probe", "-1"), "--probe"),
+    ("FSDP sharding of a LoRA adapter", _with("learner.sharding=fsdp", "learner.num_learners=2"), "sharding"),
+    ("FSDP sharding with one learner", _with("learner.sharding=fsdp", "learner.policy.lora=null"), "sharding"),
+    (
+        "FSDP sharding for a2c",
+        _with(
+            "learner.sharding=fsdp", "learner.policy.lora=null", "learner.num_learners=2", "learner.algorithm.name=a2c"
+        ),
+        "sharding",
+    ),
 ]
 
 

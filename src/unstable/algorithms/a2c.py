@@ -107,6 +107,14 @@ class A2C(BaseAlgo):
         value_loss = ((values - targets) ** 2).sum() / n
         return pg_loss, value_loss
 
+    def check_sharding(self) -> None:
+        """Refused: its value head trains outside the sharded model, and the ranks' next-state passes differ in
+        number."""
+        raise ValueError(
+            "a2c cannot train a sharded model (learner.sharding fsdp): its value head's parameters sit outside the "
+            "model, and each rank bootstraps a different number of next states; use learner.sharding: none"
+        )
+
     def state_dict(self) -> dict[str, Any]:
         """The value head's weights."""
         return {"value_head": self.value_head.state_dict()}

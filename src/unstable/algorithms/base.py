@@ -45,6 +45,11 @@ class BaseAlgo(ABC):
         update into equal shards whose averaged gradients equal one learner's on the whole batch."""
         return None
 
+    def check_sharding(self) -> None:
+        """Raise ValueError, saying why, when this algorithm cannot train a model sharded over the learners
+        (`learner.sharding: fsdp`), whose every forward pass all ranks make together."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         """What the algorithm learned or counted beyond the model (value heads, multipliers, RNG); none here."""
         return {}

@@ -100,13 +100,20 @@ def decision_positions(batch: TokenBatch) -> torch.Tensor:
 
 
 def pack_micro_batches(
-    steps: list[Step], token_budget: int, max_rows: int | None = None, max_train_len: int | None = None
+    steps: list[Step],
+    token_budget: int,
+    max_rows: int | None = None,
+    max_train_len: int | None = None,
+    min_count: int = 0,
 ) -> list[list[int]]:
-    """Split `steps` into micro-batches whose padded size (rows x longest) stays within `token_budget`.
+    """Split `steps` into micro-batches whose padded size (rows x longest) stays within `token_budget`, at least
+    `min_count` of them (the one with most rows halved until there are).
 
     Returns lists of indices into `steps`. Indices are sorted by sequence length first so padding is small;
     a single step longer than the budget gets a micro-batch of its own.
     """
+    if min_count > len(steps):
+        raise ValueError(f"{len(steps)} steps cannot make {min_count} micro-batches")
     order = sorted(range(len(steps)), key=lambda i: sequence_length(steps[i], max_train_len))
     groups: list[list[int]] = []
     current: list[int] = []
@@ -119,6 +126,10 @@ def pack_micro_batches(
         current.append(index)
     if current:
         groups.append(current)
+    while len(groups) < min_count:
+        largest = max(range(len(groups)), key=lambda g: len(groups[g]))
+        half = len(groups[largest]) // 2
+        groups[largest : largest + 1] = [groups[largest][:half], groups[largest][half:]]
     return groups
 
 
@@ -129,10 +140,11 @@ def micro_batches(
     *,
     max_rows: int | None = None,
     max_train_len: int | None = None,
+    min_count: int = 0,
     device: str = "cpu",
 ) -> list[TokenBatch]:
     """`steps` packed by `pack_micro_batches`, collated with their row indices and moved to `device`."""
     return [
         collate([steps[i] for i in group], pad_id, max_train_len, rows=group).to(device)
-        for group in pack_micro_batches(steps, token_budget, max_rows, max_train_len)
+        for group in pack_micro_batches(steps, token_budget, max_rows, max_train_len, min_count)
     ]

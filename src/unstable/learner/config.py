@@ -221,6 +221,12 @@ class LearnerConfig(Settings):
         "(batches, checkpoints, rows, resume state). With max_staleness, the fresh steps of a batch are cut to a "
         "multiple of num_learners",
     )
+    sharding: Literal["none", "fsdp"] = Field(
+        "none",
+        description="'fsdp' shards the model's parameters, gradients and optimizer state over the num_learners "
+        "ranks with PyTorch FSDP2 (full fine-tuning only, learner.policy.lora: null; needs num_learners > 1), so "
+        "each rank holds about 1/num_learners of them; 'none': every rank holds the whole model",
+    )
     poll_interval_s: float = Field(0.05, gt=0.0, description="how often the loop asks the buffer for a batch")
     policy: PolicyConfig = PolicyConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
@@ -251,6 +257,23 @@ class LearnerConfig(Settings):
                 f"(num_learners {self.num_learners}): make it a multiple"
             )
         self.algorithm.build().check_num_learners(self.num_learners)
+        return self
+
+    @model_validator(mode="after")
+    def _sharding_fits(self) -> LearnerConfig:
+        if self.sharding == "none":
+            return self
+        if self.policy.lora is not None:
+            raise ValueError(
+                "sharding fsdp with a LoRA adapter: it shards full fine-tuning only; set learner.policy.lora: null "
+                "or learner.sharding: none"
+            )
+        if self.num_learners < 2:
+            raise ValueError(
+                f"sharding fsdp with num_learners {self.num_learners}: there is nothing to shard over; "
+                "set learner.num_learners to 2 or more, or learner.sharding: none"
+            )
+        self.algorithm.build().check_sharding()
         return self
 
     @property

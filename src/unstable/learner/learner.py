@@ -7,7 +7,10 @@ the Learner owns, for resume.
 
 With several data-parallel learners (`learner.num_learners`) each rank holds a Learner whose `parallel` joins it to
 the others: every rank runs `train_step` on the whole batch, its algorithm trains on the rank's shard, and the
-gradients, the ratio statistics and the metrics are averaged over the ranks (`learner.parallel`).
+gradients, the ratio statistics and the metrics are averaged over the ranks (`learner.parallel`). With
+`cfg.sharding` 'fsdp' the model is sharded over them: every rank then also saves checkpoints and states together
+(the whole weights are gathered onto rank 0, which alone writes), and runs as many micro-batches per pass as the
+others, since each forward pass gathers every layer's weights from all of them.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from unstable.algorithms.base import BaseAlgo
 from unstable.algorithms.batching import TokenBatch
 from unstable.algorithms.trainable import PolicyOutput
 from unstable.learner.config import LearnerConfig
-from unstable.learner.parallel import DataParallel
+from unstable.learner.parallel import DataParallel, full_tensor
 from unstable.learner.policy_model import PolicyModel
 from unstable.learner.schedule import lr_factor
 from unstable.records import Step
@@ -57,7 +60,7 @@ class Learner:
         """A Learner of `model_path` (weights in `dtype`) shaped by `cfg.policy`, on `cfg.device` with
         `cfg.num_threads` torch threads, as rank `rank` of `cfg.num_learners` (it joins them with `parallel.join`)."""
         policy = PolicyModel(model_path, cfg.policy, dtype=dtype, device=cfg.device, num_threads=cfg.num_threads)
-        return cls(policy, algorithm, cfg, DataParallel(rank, cfg.num_learners, cfg.device))
+        return cls(policy, algorithm, cfg, DataParallel(rank, cfg.num_learners, cfg.device, cfg.sharding))
 
     def initialize(self) -> None:
         """Load the model, build the optimizer, let the algorithm add its parameters, take rank 0's trainable
@@ -65,6 +68,7 @@ class Learner:
         if self.optimizer is not None:
             return
         self.policy.load()
+        self.parallel.shard_model(self.policy.scoring, self.policy.model)
         rate = self.cfg.optimizer.learning_rate  # "base_lr": the rate the schedule scales (_schedule_learning_rate)
         self.optimizer = torch.optim.AdamW([{"params": self.policy.trainable_parameters(), "base_lr": rate}], lr=rate)
         self.algorithm.initialize(self)
@@ -86,8 +90,13 @@ class Learner:
         return self.parallel.shard(steps)
 
     def micro_batches(self, steps: list[Step]) -> list[TokenBatch]:
-        """Token-budget micro-batches of `steps` on the device."""
-        return self.policy.micro_batches(steps)
+        """Token-budget micro-batches of `steps` on the device; with a sharded model as many on every rank (the
+        most any rank packs), since each forward pass is a collective."""
+        batches = self.policy.micro_batches(steps)
+        if not self.parallel.sharded:
+            return batches
+        (most,) = self.parallel.all_reduce([len(batches)], "max")
+        return batches if len(batches) == most else self.policy.micro_batches(steps, min_count=int(most))
 
     def forward(self, batch: TokenBatch, *, encodings: bool = False, entropy: bool = False) -> PolicyOutput:
         """The policy model's forward pass (see `PolicyModel.forward`)."""
@@ -120,7 +129,7 @@ class Learner:
         """
         params = self._parameters()
         self.parallel.average_gradients(params)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.optimizer.grad_clip)
+        grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(params, self.cfg.optimizer.grad_clip))
         if torch.isfinite(grad_norm):
             self.optimizer.step()
             self.skipped["in_a_row"] = 0
@@ -198,18 +207,23 @@ class Learner:
         return self.optimizer.param_groups[0]["lr"]
 
     def save_checkpoint(self, directory: str) -> str:
-        """Write the current weights (adapter or full model) to `directory` atomically; returns its path."""
-        return self.policy.save(directory)
+        """Write the current weights (adapter or full model) to `directory` atomically; returns its path. With a
+        sharded model every rank calls it together: the whole weights are gathered and rank 0 writes them."""
+        weights = self.parallel.full_model_state(self.policy.model)
+        if self.parallel.rank:
+            return directory
+        return self.policy.save(directory, weights)
 
     # ---- state for resume ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything the learner owns: update counter, trainable weights, optimizer and algorithm state, skip
-        counters and this process's RNGs (Python's and torch's)."""
+        counters and this process's RNGs (Python's and torch's). With a sharded model every rank calls it together
+        and rank 0's holds the whole weights and the full optimizer state (keyed by parameter name)."""
         self.initialize()
         return {
             "step": self.step,
             "policy": self.policy.trainable_state(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.parallel.full_optimizer_state(self.policy.model, self.optimizer),
             "algorithm": self.algorithm.state_dict(),
             "skipped": dict(self.skipped),
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
@@ -220,7 +234,7 @@ class Learner:
         self.initialize()
         self.step = state["step"]
         self.policy.load_trainable_state(state["policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.parallel.load_optimizer_state(self.policy.model, self.optimizer, state["optimizer"])
         self.algorithm.load_state_dict(state["algorithm"])
         self.skipped = dict(state["skipped"])
         random.setstate(state["rng"]["python"])

@@ -5,8 +5,16 @@
 clipping (so every rank takes the identical step), the metrics averaged for the row rank 0 logs. An algorithm
 takes its rank's part of a batch with `shard`; averaging the shards' mean losses gives the batch's mean loss
 because the shards are equal. One learner (`world_size` 1) has no process group: every call is then the plain
-one-learner behaviour. Plain torch.distributed (gloo on the CPU, NCCL on cuda): `unstable.runtime` starts the
-processes as Ray actors and gives every rank rank 0's address (`join`).
+one-learner behaviour.
+
+With `sharding` 'fsdp' (full fine-tuning) the model's parameters, gradients and optimizer state are sharded over
+the ranks with FSDP2 (`shard_model`: each decoder layer, then the rest): FSDP itself averages those
+gradients (a reduce-scatter in the backward pass), so the collectives above touch only the parameters outside
+the model, and the whole weights and optimizer state are gathered for checkpoints and resume states (every rank
+calls `full_model_state`, `whole_copy` and `full_optimizer_state` together).
+
+Plain torch.distributed (gloo on the CPU, NCCL on cuda): `unstable.runtime` starts the processes as Ray actors and
+gives every rank rank 0's address (`join`).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 T = TypeVar("T")
 
@@ -35,14 +44,16 @@ def free_port() -> int:
 
 
 class DataParallel:
-    """Learner rank `rank` of `world_size`, its collectives on `device` (`cuda`: NCCL, else gloo)."""
+    """Learner rank `rank` of `world_size`, its collectives on `device` (`cuda`: NCCL, else gloo), the model
+    sharded over the ranks when `sharding` is 'fsdp'."""
 
-    def __init__(self, rank: int = 0, world_size: int = 1, device: str = "cpu"):
+    def __init__(self, rank: int = 0, world_size: int = 1, device: str = "cpu", sharding: str = "none"):
         if not 0 <= rank < world_size:
             raise ValueError(f"learner rank {rank} is not in 0..{world_size - 1}")
         self.rank = rank
         self.world_size = world_size
         self.device = device
+        self.sharded = sharding == "fsdp" and world_size > 1
 
     @property
     def backend(self) -> str:
@@ -72,18 +83,62 @@ class DataParallel:
             raise ValueError(f"{len(steps)} steps do not split into {self.world_size} equal shards")
         return list(steps[self.rank * size : (self.rank + 1) * size])
 
+    def shard_model(self, root: torch.nn.Module, model: torch.nn.Module) -> None:
+        """With sharding, shard the causal LM `model` in place with FSDP2: each decoder layer (its weights gathered
+        only while it runs), then the rest (embeddings, final norm, output layer, tied or not) as the unit of
+        `root`, the module whose forward runs every pass over `model`. Every rank calls it together."""
+        if not self.sharded:
+            return
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.get_decoder().layers:
+            fully_shard(layer)
+        fully_shard(root)
+
+    def full_model_state(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+        """With sharding, `model`'s whole state dict gathered onto rank 0's CPU (other ranks get an empty dict);
+        None without sharding. Every rank calls it together."""
+        if not self.sharded:
+            return None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def full_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+        """`optimizer.state_dict()`; with sharding the full (unsharded) state keyed by parameter name, gathered
+        onto rank 0's CPU (other ranks get an empty dict). Every rank calls it together."""
+        if not self.sharded:
+            return optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_optimizer_state_dict(model, optimizer, options=options)
+
+    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        """Load what `full_optimizer_state` returned on rank 0 (every rank is given it): with sharding each rank
+        keeps its shard of it."""
+        if not self.sharded:
+            optimizer.load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
     def broadcast_parameters(self, params: Sequence[torch.nn.Parameter]) -> None:
-        """Overwrite every rank's `params` with rank 0's."""
+        """Overwrite every rank's `params` with rank 0's (a sharded parameter is left as it is: every rank loaded
+        its shard from the same weights)."""
         if self.world_size > 1:
             with torch.no_grad():
-                for param in params:
+                for param in _replicated(params):
                     dist.broadcast(param.data, src=0)
 
     def average_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
         """Replace each gradient by its mean over the ranks. A parameter with a gradient on any rank gets one on
-        every rank (zeros where it had none), so the ranks' optimizers step the same parameters."""
+        every rank (zeros where it had none), so the ranks' optimizers step the same parameters. A sharded
+        parameter is skipped: FSDP has already averaged its gradient."""
         if self.world_size == 1:
             return
+        params = _replicated(params)
         has_grad = self.all_reduce([float(p.grad is not None) for p in params], "max")
         grads = []
         for param, needed in zip(params, has_grad):
@@ -113,6 +168,31 @@ class DataParallel:
         tensor = torch.tensor(values, dtype=torch.float64, device=self.device)  # (k,)
         dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
         return tensor.tolist()
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole of `tensor`: gathered from every rank when it is sharded (every rank calls it together)."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def whole_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of the whole `tensor`; a sharded one is gathered from every rank (which call it together) onto the CPU,
+    so that no device ever holds more than one whole weight at a time."""
+    if isinstance(tensor, DTensor):
+        return tensor.full_tensor().cpu()
+    return tensor.detach().clone()
+
+
+def assign(param: torch.Tensor, value: torch.Tensor) -> None:
+    """Copy the whole `value` into `param`; a sharded `param` takes its own shard of it."""
+    if isinstance(param, DTensor):
+        value = distribute_tensor(value.to(param.device, param.dtype), param.device_mesh, param.placements)
+    param.copy_(value)
+
+
+def _replicated(params: Sequence[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
+    """The parameters of `params` that every rank holds whole (not sharded by FSDP)."""
+    return [p for p in params if not isinstance(p, DTensor)]
 
 
 def _buckets(tensors: list[torch.Tensor], max_elements: int) -> list[list[torch.Tensor]]:

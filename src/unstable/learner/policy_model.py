@@ -23,6 +23,7 @@ from unstable.algorithms.batching import TokenBatch, decision_positions, micro_b
 from unstable.algorithms.trainable import PolicyOutput
 from unstable.inference.decoding import top_p_nucleus
 from unstable.learner.config import PolicyConfig
+from unstable.learner.parallel import assign, whole_copy
 from unstable.records import Step
 
 # A chunk's top-p nuclei are sorted in this many parts: the probabilities, the sort's values and int64 indices and
@@ -54,6 +55,7 @@ class PolicyModel:
         self.device = device
         self.num_threads = num_threads
         self.model = None
+        self.scoring = None  # `model` under a module whose forward is `forward`'s pass (see `ScoringPass`)
         self.tokenizer = None
         self._reference = None  # frozen copy of `model_path` for `reference_logprobs` (full fine-tuning only)
         self._initial_adapter = None  # frozen copy of `cfg.initial_lora_path`'s weights, the LoRA reference
@@ -71,6 +73,7 @@ class PolicyModel:
         if self.cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         self.model = self._wrap_lora(model).to(self.device)
+        self.scoring = ScoringPass(self.model)
         self.model.train()
         if self.cfg.initial_lora_path:  # copied before any update or resume overwrites the adapter
             frozen = self.trainable_state().items()
@@ -114,8 +117,9 @@ class PolicyModel:
         """The weights an optimizer updates: LoRA weights, or every weight when fully fine-tuning."""
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def micro_batches(self, steps: list[Step]) -> list[TokenBatch]:
-        """Token-budget micro-batches of `steps` on the device; `TokenBatch.rows` index into `steps`."""
+    def micro_batches(self, steps: list[Step], min_count: int = 0) -> list[TokenBatch]:
+        """Token-budget micro-batches of `steps` on the device, at least `min_count` of them; `TokenBatch.rows`
+        index into `steps`."""
         cfg = self.cfg
         return micro_batches(
             steps,
@@ -123,12 +127,13 @@ class PolicyModel:
             cfg.micro_batch_tokens,
             max_rows=cfg.mini_batch_size,
             max_train_len=cfg.max_train_len,
+            min_count=min_count,
             device=self.device,
         )
 
     def forward(self, batch: TokenBatch, *, encodings: bool = False, entropy: bool = False) -> PolicyOutput:
         """See `_forward`: this policy's token log-probs (and encodings or entropies on request)."""
-        return self._forward(self.model, batch, encodings=encodings, entropy=entropy)
+        return self.scoring(self._forward, self.model, batch, encodings=encodings, entropy=entropy)
 
     @torch.no_grad()
     def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
@@ -240,24 +245,26 @@ class PolicyModel:
             totals[batch.rows] = sums.cpu()
         return totals.tolist()
 
-    def save(self, directory: str | os.PathLike) -> str:
+    def save(self, directory: str | os.PathLike, weights: dict[str, torch.Tensor] | None = None) -> str:
         """Write the adapter (float32, as trained) or the whole model in the model dtype with its tokenizer to
-        `directory` atomically; return it. The resume state, not this checkpoint, keeps the float32 masters."""
+        `directory` atomically; return it. The resume state, not this checkpoint, keeps the float32 masters. A full
+        model's `weights` (a state dict; default the model's own) are what is written: a sharded model's gathered
+        whole."""
         final = Path(directory)
         with atomic.replace_dir(final) as tmp:  # a re-run into the same directory replaces the old checkpoint
             if self.cfg.lora is None:
-                self._save_full_model(tmp)
+                self._save_full_model(tmp, weights or self.model.state_dict())
             else:
                 self.model.save_pretrained(tmp)
         return str(final)
 
-    def _save_full_model(self, directory: Path) -> None:
-        """Every weight cast to the model dtype (what the engines load; for a bf16 model half the bytes of its
+    def _save_full_model(self, directory: Path, weights: dict[str, torch.Tensor]) -> None:
+        """Every one of `weights` cast to the model dtype (what the engines load; for a bf16 model half the bytes of its
         float32 masters), the config saying so, and the tokenizer."""
         dtype = getattr(torch, self.dtype)
         cast: dict[int, torch.Tensor] = {}  # by address: tied weights stay one tensor, which is saved once
         state = {}
-        for name, weight in self.model.state_dict().items():
+        for name, weight in weights.items():
             if weight.data_ptr() not in cast:
                 cast[weight.data_ptr()] = weight.to("cpu", dtype) if weight.is_floating_point() else weight
             state[name] = cast[weight.data_ptr()]
@@ -267,8 +274,9 @@ class PolicyModel:
         self.tokenizer.save_pretrained(directory)
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
-        """Copies of the trainable weights by name (what an update changes)."""
-        return {name: p.detach().clone() for name, p in self.model.named_parameters() if p.requires_grad}
+        """Copies of the whole trainable weights by name (what an update changes); a sharded model's gathered onto
+        the CPU from every rank, which call it together."""
+        return {name: whole_copy(p.detach()) for name, p in self.model.named_parameters() if p.requires_grad}
 
     def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
         """Overwrite the trainable weights with `state` (from `trainable_state`); names must match exactly."""
@@ -278,7 +286,24 @@ class PolicyModel:
             raise ValueError(f"trainable weights do not match: missing {missing[:3]}, unexpected {unexpected[:3]}")
         with torch.no_grad():
             for name, value in state.items():
-                params[name].copy_(value)
+                assign(params[name], value)
+
+
+class ScoringPass(torch.nn.Module):
+    """`causal_lm` as the child of a module whose forward is the policy model's pass over it (the decoder, then the
+    output layer on chosen rows, never `causal_lm.forward`). Sharded with FSDP2, this module is the root unit whose
+    hooks gather and free the weights outside the decoder layers around that pass; unsharded it only calls it."""
+
+    def __init__(self, causal_lm: torch.nn.Module):
+        super().__init__()
+        self.causal_lm = causal_lm
+
+    def forward(self, run, *args, **kwargs):
+        """`run(*args, **kwargs)`; a sharded root then frees its gathered weights if no backward pass will."""
+        result = run(*args, **kwargs)
+        if not torch.is_grad_enabled() and hasattr(self, "reshard"):  # FSDP keeps the root's weights for backward
+            self.reshard()
+        return result
 
 
 @torch.no_grad()

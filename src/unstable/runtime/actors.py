@@ -466,20 +466,25 @@ class LearnerRankActor(Learner):
     def __init__(self, model_name: str, algorithm: BaseAlgo, cfg: LearnerConfig, rank: int, run_dir: str, dtype: str):
         log_to_run_dir(run_dir, f"learner-{rank}")
         policy = PolicyModel(model_name, cfg.policy, dtype=dtype, device=cfg.device, num_threads=cfg.num_threads)
-        super().__init__(policy, algorithm, cfg, DataParallel(rank, cfg.num_learners, cfg.device))
+        super().__init__(policy, algorithm, cfg, DataParallel(rank, cfg.num_learners, cfg.device, cfg.sharding))
 
     def join(self, address: str, port: int) -> None:
         """Join the learners' process group at rank 0's `address:port`."""
         self.parallel.join(address, port)
 
+    def state_dict(self) -> None:
+        """Take part in gathering a sharded model's state onto rank 0, which keeps it; nothing comes back."""
+        super().state_dict()
+
 
 class RankZeroLearner(Learner):
     """Rank 0 of data-parallel learners, inside the `LearnerActor`: the calls every rank makes together (joining,
-    `initialize` with its weight broadcast, `train_step`, `load_state_dict`) are sent to the other ranks' actors
+    `initialize` with its weight broadcast, `train_step`, `load_state_dict`, and with a sharded model
+    `save_checkpoint` and `state_dict`) are sent to the other ranks' actors
     (`ranks`, in rank order) and then run here, since the collectives inside them wait for every rank."""
 
     def __init__(self, policy: PolicyModel, algorithm: BaseAlgo, cfg: LearnerConfig, ranks: list):
-        super().__init__(policy, algorithm, cfg, DataParallel(0, cfg.num_learners, cfg.device))
+        super().__init__(policy, algorithm, cfg, DataParallel(0, cfg.num_learners, cfg.device, cfg.sharding))
         self.ranks = ranks
         address, port = ray.util.get_node_ip_address(), free_port()
         self._with_ranks("join", self.parallel.join, address, port)
@@ -492,6 +497,19 @@ class RankZeroLearner(Learner):
     def train_step(self, steps: list) -> dict[str, Any]:
         """Every rank's update on its shard of `steps`; returns the metrics averaged over the ranks."""
         return self._with_ranks("train_step", super().train_step, steps)
+
+    def save_checkpoint(self, directory: str) -> str:
+        """Save the weights to `directory`; a sharded model's are gathered from every rank first."""
+        if not self.parallel.sharded:
+            return super().save_checkpoint(directory)
+        return self._with_ranks("save_checkpoint", super().save_checkpoint, directory)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resume state; a sharded model's weights and optimizer state are gathered from every rank."""
+        if not self.parallel.sharded:
+            return super().state_dict()
+        self.initialize()
+        return self._with_ranks("state_dict", super().state_dict)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore rank 0's saved `state` on every rank."""
