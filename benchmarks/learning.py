@@ -56,7 +56,16 @@ SMOKE = [
     "buffer.max_buffer_size=8",
     "collector.num_workers=2",
 ]
-ROW_KEYS = (keys.STEP, keys.TIME, keys.MEAN_REWARD, keys.FORMAT_OK_RATE, keys.INVALID_MOVE_RATE, keys.REF_KL)
+ROW_KEYS = (
+    keys.STEP,
+    keys.TIME,
+    keys.STEP_SECONDS,
+    keys.GAME_TOKENS,
+    keys.MEAN_REWARD,
+    keys.FORMAT_OK_RATE,
+    keys.INVALID_MOVE_RATE,
+    keys.REF_KL,
+)
 
 
 def game_of(cfg: RunConfig, path: Path) -> str:
@@ -158,7 +167,20 @@ def run_seed(path: Path, seed: int, args: argparse.Namespace) -> dict[str, Any]:
         else:
             report = evaluate_at(cfg, run["checkpoints"][step], opponents[:1], args.curve_games, args.threads)
             curve.append(outcome_point(step, report, opponents[0]))
-    return {**run, "game": game, "warm_start": warm, "final": final, "curve": curve}
+    return {**run, "game": game, "warm_start": warm, "final": final, "curve": with_cost(curve, run["rows"])}
+
+
+def with_cost(curve: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each curve point with what RL had spent by its step: wall seconds (the learner steps' own, warm start left
+    out) and tokens generated in training games (vines included)."""
+    seconds, tokens, spent = 0.0, 0, {0: (0.0, 0)}
+    for row in rows:
+        seconds += row.get(keys.STEP_SECONDS, 0.0)
+        tokens += row.get(keys.GAME_TOKENS, 0)
+        if keys.STEP in row:
+            spent[row[keys.STEP]] = (seconds, tokens)
+    names, missing = ("seconds", "generated_tokens"), (None, None)
+    return [{**point, **dict(zip(names, spent.get(point["step"], missing)))} for point in curve]
 
 
 def headline(result: dict[str, Any], report: dict[str, Any]) -> float:
@@ -214,9 +236,10 @@ def table(results: dict[str, Any]) -> str:
         lines.append(f"{name}:")
         for seed, result in recipe["seeds"].items():
             lines.append(f"  seed {seed} warm start: {scores_text(result, result['warm_start'])}")
-            lines.append(
-                f"  seed {seed} after RL  : {scores_text(result, result['final'])} ({result['seconds']:.0f} s)"
-            )
+            rl = result["curve"][-1]
+            spent = f"RL {rl['seconds'] or 0:.0f} s, {rl['generated_tokens'] or 0:,} tokens"
+            cost = f"{result['seconds']:.0f} s in all; {spent}"
+            lines.append(f"  seed {seed} after RL  : {scores_text(result, result['final'])} ({cost})")
         if "summary" in recipe:
             across = recipe["summary"]
             low, high = across["mean_change_ci"]
@@ -278,6 +301,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def plot_cost(recipes: dict[str, Any], path: Path) -> None:
+    """Every recipe's curves against what RL spent: TicTacToe's win rate against random (Kuhn Poker's
+    exploitability) over wall seconds, and over generated tokens; one line per recipe and seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for (name, recipe), color in zip(recipes.items(), plt.rcParams["axes.prop_cycle"].by_key()["color"]):
+        for n, result in enumerate(recipe["seeds"].values()):
+            curve = [p for p in result["curve"] if p["seconds"] is not None]
+            score = "exploitability" if result["game"] == "KuhnPoker" else "win_rate"
+            for ax, cost in zip(axes, ("seconds", "generated_tokens")):
+                label = name if n == 0 else None
+                ax.plot([p[cost] for p in curve], [p[score] for p in curve], "o-", color=color, label=label)
+    axes[0].set(xlabel="RL wall seconds", ylabel="win rate vs random (Kuhn Poker: exploitability)")
+    axes[1].set(xlabel="tokens generated in training games")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Every recipe over every seed; writes the JSON and PNGs after each seed (a crash keeps what ran), prints the
     table; returns the results."""
@@ -294,14 +341,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "recipes": {},
     }
-    for path in args.recipes:
-        recipe = results["recipes"].setdefault(path.stem, {"path": str(path), "seeds": {}})
-        for seed in args.seeds:
+    for seed in args.seeds:  # seed by seed, so recipes compared in one run meet the same machine conditions
+        for path in args.recipes:
+            recipe = results["recipes"].setdefault(path.stem, {"path": str(path), "seeds": {}})
             recipe["seeds"][str(seed)] = run_seed(path, seed, args)
             recipe["summary"] = summary(recipe["seeds"])
             plot(path.stem, recipe["seeds"], args.out / f"learning-{path.stem}.png")
             results["wall_seconds"] = time.time() - start
             (args.out / "learning.json").write_text(json.dumps(results, indent=2))
+        plot_cost(results["recipes"], args.out / "learning-cost.png")
     print(table(results))
     print(f"wall time: {results['wall_seconds']:.0f}s; results in {args.out}")
     return results

@@ -135,6 +135,9 @@ def test_the_learning_benchmark_and_its_reevaluation(tiny_model_dir, tmp_path):
     result = json.loads((tmp_path / "learning" / "learning.json").read_text())
     seed = result["recipes"]["tictactoe-tiny-strong"]["seeds"]["0"]
     assert [point["step"] for point in seed["curve"]] == [0, 2]
+    spent = seed["curve"][-1]
+    assert spent["seconds"] > 0 and spent["generated_tokens"] > 0  # what RL spent by the step, for learning-cost.png
+    assert (tmp_path / "learning" / "learning-cost.png").exists()
     assert Path(seed["checkpoints"]["2"], "config.json").exists()
     args = [f"{TMP}/learning", "--games", "2", "--out", f"{TMP}/reeval.json"]
     assert "separated=" in run_benchmark("benchmarks/reevaluate.py", args, tmp_path, tiny_model_dir)

@@ -286,6 +286,12 @@ CASES = [
         ),
         "sharding",
     ),
+    ("vines on branched games", _with("collector.group_size=2", "collector.vines.rollouts=3"), "vines"),
+    (
+        "a vine window that ends before it starts",
+        _with("collector.vines.first_turn=4", "collector.vines.last_turn=2"),
+        "vines",
+    ),
 ]
 
 

@@ -160,7 +160,11 @@ class Step:
 
 @dataclass(frozen=True)
 class GameRecord:
-    """One finished (or failed) game: who played which seat, every step, and TextArena's final result."""
+    """One finished (or failed) game: who played which seat, every step, and TextArena's final result.
+
+    A vine (`games.vines`) is a continuation of another game from its decision at `vine_turn`: its steps start
+    there, and only that first decision is trained on (the rest measured its return). None: a whole game.
+    """
 
     env_id: str
     seed: int
@@ -173,6 +177,7 @@ class GameRecord:
     error: str | None = None
     truncated: bool = False
     wall_seconds: float = 0.0
+    vine_turn: int | None = None
 
     @property
     def failed(self) -> bool:

@@ -155,8 +155,9 @@ def _trains(record: GameRecord) -> bool:
 
 
 def _trains_on(record: GameRecord, step: Step) -> bool:
-    """True for a step of `record` the buffer keeps: the learner's, with model tokens."""
-    return step.player_id in record.learner_player_ids and step.has_tokens
+    """True for a step of `record` the buffer keeps: the learner's, with model tokens (of a vine: its first)."""
+    vine_start = record.vine_turn is None or step.turn == record.vine_turn
+    return step.player_id in record.learner_player_ids and step.has_tokens and vine_start
 
 
 def _opponent(record: GameRecord, player_id: int) -> str:

@@ -27,6 +27,7 @@ from unstable.collector.pacing import HeldSlots, Pacing
 from unstable.games.branching import play_branched_episode
 from unstable.games.episode import play_episode
 from unstable.games.templates import get_template
+from unstable.games.vines import VineStats, play_vined_episode
 from unstable.records import GameRecord, append_games
 from unstable.tracking import keys
 from unstable.tracking.tracker import summarize_game
@@ -81,8 +82,9 @@ class Collector:
         self._game_counter = itertools.count()
         self._stop = threading.Event()
         self._failed_in_a_row = 0  # training games, since the last one that did not fail
-        self.pacing = Pacing(cfg.max_turns * cfg.group_size, enabled=cfg.pacing)
+        self.pacing = Pacing(cfg.max_steps_per_game(), enabled=cfg.pacing)
         self.held_slots = HeldSlots()  # the time pacing keeps training slots empty, for the rows
+        self.vine_stats = VineStats()
 
     def collect(self, num_workers: int, num_eval_workers: int = 0) -> dict[str, int]:
         """Keep the games in flight until `stop()` is called; returns how many games of each kind ran and how many
@@ -136,11 +138,12 @@ class Collector:
         """The collector's own counters for the Tracker's rows: games held back by pacing, and the slot time held
         back since the previous call (the Tracker calls it once per row) with its share of all slots' time."""
         held, slots = self.held_slots.take()
-        return {
+        counts = {
             keys.GAMES_HELD_BACK: self.pacing.held_back,
             keys.HELD_BACK_SLOT_SECONDS: held,
             keys.HELD_BACK_SHARE: held / slots if slots else 0.0,
         }
+        return counts | self.vine_stats.take() if self.cfg.vines.enabled else counts
 
     def _start_training(self, waiting: int, arrived: int, in_flight: dict[Future, str], start) -> int:
         """Start as many of the `waiting` training games (`arrived` of them freed in this round) as pacing allows;
@@ -206,22 +209,32 @@ class Collector:
             lambda pid: make_agent(opponent_of[pid], self.client, template, self.tokenizer, seed + pid, game=seed),
             mirror=not is_eval and bool(opponents) and all(o.checkpoint == learner for o in opponents),
         )
-        options = {"max_turns": self.cfg.max_turns, "is_eval": is_eval, "learner_player_ids": learner_ids}
         try:
-            if is_eval or self.cfg.group_size == 1:
-                records = [play_episode(spec, agents, seed, **options)]
-            else:
-                records = play_branched_episode(spec, agents, seed, self.cfg.group_size, **options)
+            records = self._play(spec, agents, seed, is_eval, learner_ids, opponents)
         finally:
             self.client.end_game(seed)  # the inference client forgets the game's server
         if not is_eval:
+            if self.cfg.vines.enabled:
+                self.vine_stats.add(records)
             for record in records:
                 self.step_buffer.add_game(record)
             self.pacing.game_finished(sum(steps_to_add(record) for record in records))
             _write_for_test(records)
         self.model_pool.record_game(records[0])  # eval games rate the learner against fixed opponents too
-        self.tracker.add_game(summarize_game(records[0]))
+        self.tracker.add_game(summarize_game(records[0], continuations=records[1:]))
         return records[0]
+
+    def _play(self, spec, agents, seed: int, is_eval: bool, learner_ids, opponents) -> list[GameRecord]:
+        """Play one game: a plain one, one branched `group_size` times, or one with vines (not against an API
+        model, whose every move of every vine would be a paid request); its records, the whole game's first."""
+        options = {"max_turns": self.cfg.max_turns, "learner_player_ids": learner_ids}
+        if is_eval:
+            return [play_episode(spec, agents, seed, is_eval=True, **options)]
+        if self.cfg.group_size > 1:
+            return play_branched_episode(spec, agents, seed, self.cfg.group_size, **options)
+        if self.cfg.vines.enabled and not any(o.api_model for o in opponents):
+            return play_vined_episode(spec, agents, seed, self.cfg.vines, **options)
+        return [play_episode(spec, agents, seed, **options)]
 
 
 def _failure(game: Future) -> str | None:

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from unstable.agents.seating import OpponentName
 from unstable.games.episode import DEFAULT_MAX_TURNS
+from unstable.games.vines import VineConfig
 from unstable.records import EnvSpec
 from unstable.settings import Settings
 
@@ -80,6 +81,11 @@ class CollectorConfig(Settings):
     group_size: int = Field(
         1, ge=1, description="continuations per training game branched from a copied decision state (1: off)"
     )
+    vines: VineConfig = Field(
+        VineConfig(),
+        description="Monte Carlo continuations from a training game's learner decisions, a return per move "
+        "(`games.vines`; `rewards.BaselineByGroup` makes them advantages)",
+    )
     max_failed_games_in_a_row: int = Field(
         1000,
         ge=1,
@@ -96,6 +102,20 @@ class CollectorConfig(Settings):
         "docs/hardware.md). false: a finished training game's slot is refilled at once (steps beyond the buffer's "
         "capacity push out the oldest unused ones)",
     )
+
+    @model_validator(mode="after")
+    def _one_kind_of_branching(self) -> CollectorConfig:
+        if self.group_size > 1 and self.vines.enabled:
+            raise ValueError(
+                f"group_size {self.group_size} and vines.rollouts {self.vines.rollouts}: a game either branches "
+                "once (group_size) or grows vines, not both"
+            )
+        return self
+
+    def max_steps_per_game(self) -> int:
+        """The most steps one training game can give the StepBuffer: its decisions, times its branches, or plus
+        one per vine at each of them."""
+        return self.max_turns * (self.group_size + self.vines.rollouts)
 
     def training_specs(self) -> list[EnvSpec]:
         """The training games as records."""

@@ -46,6 +46,11 @@ class OwnRandomEnv:
         """The wrapped env's TextArena state (reading it draws nothing)."""
         return self.env.state
 
+    def reseed(self, seed: int) -> None:
+        """Draw this game's chance from now on from fresh states seeded by `seed` (a copy's own later events)."""
+        self._python_state = random.Random(seed).getstate()
+        self._numpy_generator = np.random.MT19937(seed % 2**64)
+
     def reset(self, num_players: int, seed: int | None = None):
         """TextArena's `reset` (its re-seeding of `random` seeds this game's state)."""
         return self._with_own_chance(self.env.reset, num_players=num_players, seed=seed)

@@ -1,6 +1,7 @@
 """Reward transforms: final (game level), step (shaping) and sampling (batch level) stages."""
 
 from unstable.rewards.transforms import (
+    BaselineByGroup,
     BaselineByObservation,
     ComposeFinalRewardTransforms,
     ComposeSamplingRewardTransforms,
@@ -30,6 +31,7 @@ TRANSFORMS = {
         NormalizeRewardsByEnv,
         NormalizeRewardsByOpponent,
         BaselineByObservation,
+        BaselineByGroup,
     )
 }
 
@@ -43,6 +45,7 @@ def build_transform(name: str, args: dict | None = None):
 
 __all__ = [
     "TRANSFORMS",
+    "BaselineByGroup",
     "BaselineByObservation",
     "build_transform",
     "ComposeFinalRewardTransforms",

@@ -248,3 +248,30 @@ class BaselineByObservation(SamplingRewardTransform):
     def _baseline(step: Step, by_state: dict[tuple[str, str], list[float]], env_mean: dict[str, float]) -> float:
         same = by_state[(step.env_id, step.observation)]
         return (sum(same) - step.reward) / (len(same) - 1) if len(same) > 1 else env_mean[step.env_id]
+
+
+class BaselineByGroup(SamplingRewardTransform):
+    """Subtracts a per-state Monte Carlo value: the mean reward of the batch's other steps with the same `group_id`
+    (leave-one-out, as in RLOO), the decisions sampled from one copied game state (`games.vines`,
+    `games.branching`). The StepBuffer draws a group into one batch, so a step's group is whole unless the buffer
+    dropped part of it. A step with no other member of its group in the batch gets the mean reward of its env's
+    such steps instead. With vines this is each move's credit: its return minus the value of the state it was
+    chosen in. Put it before `NormalizeRewardsByEnv`, which then scales the advantages.
+    """
+
+    def __call__(self, steps: list[Step]) -> list[Step]:
+        by_group: dict[str, list[float]] = defaultdict(list)
+        for step in steps:
+            if step.group_id is not None:
+                by_group[step.group_id].append(step.reward)
+        alone: dict[str, list[float]] = defaultdict(list)
+        for step in steps:
+            if len(by_group.get(step.group_id, ())) < 2:
+                alone[step.env_id].append(step.reward)
+        env_mean = {env: statistics.fmean(rewards) for env, rewards in alone.items()}
+        return [replace(s, reward=s.reward - self._baseline(s, by_group, env_mean)) for s in steps]
+
+    @staticmethod
+    def _baseline(step: Step, by_group: dict[str, list[float]], env_mean: dict[str, float]) -> float:
+        same = by_group.get(step.group_id, ())
+        return (sum(same) - step.reward) / (len(same) - 1) if len(same) > 1 else env_mean[step.env_id]

@@ -52,6 +52,7 @@ TRAIN_TOKENS_PER_S = "learner/tokens_per_s"
 # collector: counts and throughput over the games finished since the previous row
 GAMES_PER_S = "collector/games_per_s"
 GAME_TOKENS_PER_S = "collector/tokens_per_s"
+GAME_TOKENS = "collector/generated_tokens"  # tokens generated in those games (and their vines), all seats
 TRAIN_GAMES = "collector/train_games"
 FAILED_GAMES = "collector/failed_games"
 # + the exception's name (an env that raised, APIOpponentError, a dead inference actor's RayActorError, ...):
@@ -80,6 +81,13 @@ HELD_BACK_SLOT_SECONDS = "collector/held_back_slot_seconds"
 # held_back_slot_seconds / the training slots' seconds since the previous row (num_workers x the row's seconds while
 # collecting): the share of collection's capacity that waited for the learner (0 without pacing)
 HELD_BACK_SHARE = "collector/held_back_share"
+# vines (collector.vines), over the training games finished since the previous row: tokens generated in vines per
+# token of the learner moves the games give the StepBuffer (the game's and the vines' first moves)
+VINE_TOKENS_PER_LEARNER_TOKEN = "collector/vine_tokens_per_learner_token"
+VINED_MOVE_SHARE = "collector/vined_move_share"  # share of the games' learner moves that got vines
+# population std of the vined moves' Monte Carlo values (each the mean return of the game's move and its vines)
+VINE_VALUE_SPREAD = "collector/vine_value_spread"
+VINE_RETURN_SPREAD = "collector/vine_return_spread"  # mean population std of the returns at one vined move
 
 # evaluation: W/D/L over the rolling window of the last `TrackerConfig.window_games` eval games
 EVAL_GAMES = "eval/games"

@@ -8,7 +8,7 @@ import math
 import os
 import time
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,8 +22,9 @@ from unstable.tracking.stats import wdl_summary
 log = logging.getLogger(__name__)
 
 
-def summarize_game(record: GameRecord) -> dict[str, Any]:
-    """The few numbers the tracker needs from a game (so whole records never travel to it)."""
+def summarize_game(record: GameRecord, continuations: Sequence[GameRecord] = ()) -> dict[str, Any]:
+    """The few numbers the tracker needs from a game (so whole records never travel to it); the tokens its
+    `continuations` (branches, vines) generated count as the game's."""
     steps = [s for s in record.steps if s.player_id in record.learner_player_ids]
     outcome = None
     if not record.failed and record.learner_player_ids:
@@ -40,7 +41,7 @@ def summarize_game(record: GameRecord) -> dict[str, Any]:
         "learner_steps": len(steps),
         "format_ok": sum(s.format_ok for s in steps),
         "invalid_moves": sum(s.invalid_move for s in steps),
-        "generated_tokens": sum(len(s.completion_token_ids) for s in record.steps),
+        "generated_tokens": sum(len(s.completion_token_ids) for r in (record, *continuations) for s in r.steps),
         "wall_seconds": record.wall_seconds,
         "moves": [s.action for s in steps if s.format_ok and not s.invalid_move],
     }
@@ -233,6 +234,7 @@ class Tracker:
         return {
             keys.GAMES_PER_S: len(train) / elapsed,
             keys.GAME_TOKENS_PER_S: sum(g["generated_tokens"] for g in self._row_games) / elapsed,
+            keys.GAME_TOKENS: sum(g["generated_tokens"] for g in self._row_games),
             keys.TRAIN_GAMES: len(train),
             keys.FAILED_GAMES: sum(g["failed"] for g in self._row_games),
         }
