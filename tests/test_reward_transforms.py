@@ -122,6 +122,7 @@ def test_registry_builds_every_transform_and_config_accepts_their_names():
         "NormalizeRewardsByEnv",
         "NormalizeRewardsByOpponent",
         "BaselineByObservation",
+        "BaselineByGroup",
         "DiscountLaterDecisions",
     }
     assert set(retra.TRANSFORMS) == expected

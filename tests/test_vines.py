@@ -165,4 +165,4 @@ def test_vines_train_through_unstable_train(tiny_model_dir, tmp_path, monkeypatc
     rows = [json.loads(line) for line in (tmp_path / "vines" / "metrics.jsonl").read_text().splitlines()]
     steps = [row for row in rows if keys.VINED_MOVE_SHARE in row]
     assert steps and max(row[keys.VINED_MOVE_SHARE] for row in steps) > 0
-    assert sorted(row["learner/step"] for row in rows if "learner/step" in row) == [1, 2]
+    assert sorted(row[keys.STEP] for row in rows if keys.STEP in row) == [0, 1, 2]  # each step logged once

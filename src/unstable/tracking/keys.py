@@ -52,7 +52,7 @@ TRAIN_TOKENS_PER_S = "learner/tokens_per_s"
 # collector: counts and throughput over the games finished since the previous row
 GAMES_PER_S = "collector/games_per_s"
 GAME_TOKENS_PER_S = "collector/tokens_per_s"
-GAME_TOKENS = "collector/generated_tokens"  # tokens generated in those games (and their vines), all seats
+GAME_TOKENS = "collector/generated_tokens"  # tokens generated in those games (with their branches or vines), all seats
 TRAIN_GAMES = "collector/train_games"
 FAILED_GAMES = "collector/failed_games"
 # + the exception's name (an env that raised, APIOpponentError, a dead inference actor's RayActorError, ...):
