@@ -15,7 +15,7 @@ from unstable.games.agent import Agent
 from unstable.games.vines import VineConfig, VineStats, play_vined_episode, vine_returns
 from unstable.pool import ModelPool
 from unstable.pool.config import PoolConfig
-from unstable.records import Decision, EnvSpec, GameRecord, Step
+from unstable.records import Decision, EnvSpec, GameRecord, Opponent, Step
 from unstable.rewards import BaselineByGroup, WinDrawLossFormatter
 from unstable.runtime import train
 from unstable.tracking import Tracker, keys
@@ -139,20 +139,37 @@ def test_collector_sends_vines_to_the_buffer_and_one_game_to_the_ratings(tmp_pat
     assert collector.metrics()[keys.VINED_MOVE_SHARE] == 1.0
 
 
+def test_games_against_an_api_model_grow_no_vines(tmp_path):
+    pool = ModelPool(PoolConfig(sample_mode="mirror"))
+    pool.add_checkpoint(path=None, iteration=-1)
+    cfg = CollectorConfig(training_envs=[TICTACTOE], vines=VineConfig(rollouts=2))
+    collector = Collector(_FakeEngine(), pool, StepBuffer(max_buffer_size=64), Tracker(tmp_path), cfg, seed=1)
+    agents, scripted = _agents(), [Opponent("random", fixed="random")]
+    assert len(collector._play(TICTACTOE, agents, 3, False, (0,), scripted)) > 1
+    api = [Opponent("api:org/model", api_model="org/model")]  # each vine move would be a paid request
+    assert len(collector._play(TICTACTOE, agents, 3, False, (0,), api)) == 1
+
+
 def test_vines_and_branching_together_are_refused():
     with pytest.raises(ConfigError, match="either branches once"):
         load_config(EXAMPLE, ["collector.group_size=2", "collector.vines.rollouts=2"])
 
 
 @pytest.mark.slow
-def test_vines_train_through_unstable_train(tiny_model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("algorithm", "decisions", "chance"), [("reinforce", "spread", "fixed"), ("ppo", "all", "resample")]
+)
+def test_vines_train_through_unstable_train(tiny_model_dir, tmp_path, monkeypatch, algorithm, decisions, chance):
     monkeypatch.setenv(RECORDS_ENV, str(tmp_path))
     overrides = tiny_run(
         tmp_path,
         tiny_model_dir,
         "vines",
         "collector.vines.rollouts=2",
-        "collector.vines.decisions=spread",
+        f"collector.vines.decisions={decisions}",
+        f"collector.vines.chance={chance}",
+        f"learner.algorithm.name={algorithm}",
+        "learner.algorithm.args={}",
         "learner.num_steps=2",
         "learner.batch_size=8",
         "buffer.sampling_reward_transforms=[{name: BaselineByGroup}, {name: NormalizeRewardsByEnv}]",
