@@ -1,6 +1,8 @@
 """Vines: Monte Carlo continuations from a game's learner decisions, one group per vined move, a baseline per group."""
 
+import copy
 import json
+import logging
 
 import pytest
 
@@ -99,6 +101,17 @@ def test_fixed_chance_repeats_the_deals_and_resample_draws_new_ones():
     later = lambda seen: {key: cards for key, cards in seen.items() if key[0] > 1}  # noqa: E731 - rounds 2 and 3
     assert all(len(set(cards)) == 1 for cards in later(deals("fixed")).values())
     assert any(len(set(cards)) > 1 for cards in later(deals("resample")).values())
+
+
+def test_an_env_that_cannot_be_copied_plays_on_without_vines(monkeypatch, caplog):
+    def refuse(*args, **kwargs):
+        raise TypeError("cannot pickle '_thread.lock' object")
+
+    monkeypatch.setattr(copy, "deepcopy", refuse)
+    with caplog.at_level(logging.WARNING):
+        records = play_vined_episode(TICTACTOE, _agents(), 5, VineConfig(rollouts=3), learner_player_ids=(0,))
+    assert len(records) == 1 and not records[0].failed and records[0].rewards
+    assert all(s.group_id is None for s in records[0].steps) and "cannot deep-copy" in caplog.text
 
 
 def test_baseline_by_group_is_each_moves_return_minus_the_others_mean():

@@ -117,26 +117,26 @@ def play_vined_episode(
         status = "stopped"
         while status == "stopped":  # stop before each candidate decision, copy the env, play on
             status = play_turns(env, agents, spec, steps, max_turns, stop_before=new_candidate)
-            if status == "stopped" and _copy_into(states, len(steps), env) is None:
+            if status == "stopped" and not _copy_into(states, len(steps), env):
                 status = play_turns(env, agents, spec, steps, max_turns)
         record = game.finish(env, steps, status)
     except Exception as exc:  # noqa: BLE001 - any game-level failure becomes a failed record
         return [game.failure(steps, exc)]
     if record.failed or not states:
         return [record]
-    branches = [_Branch(t, steps[t].player_id, env, _tokens_from(steps, t)) for t, env in sorted(states.items())]
+    branches = [_Branch(t, steps[t].player_id, state, _tokens_from(steps, t)) for t, state in sorted(states.items())]
     vine_records = _grow(game, record, branches, vines, max_turns)
     return [_tag_groups(record, vine_records), *vine_records]
 
 
-def _copy_into(states: dict[int, object], turn: int, env) -> object | None:
-    """Store a deep copy of `env` as the state before `turn`; None (logged) when the env cannot be copied."""
+def _copy_into(states: dict[int, object], turn: int, env) -> bool:
+    """Store a deep copy of `env` as the state before `turn`; False (logged) when the env cannot be copied."""
     try:
         states[turn] = copy.deepcopy(env)
     except Exception as exc:  # noqa: BLE001 - any env may hold something deepcopy refuses
         log.warning("cannot deep-copy %s for vines (%r); playing it without", type(env).__name__, exc)
-        return None
-    return states[turn]
+        return False
+    return True
 
 
 def _tokens_from(steps: list[Step], turn: int) -> int:
