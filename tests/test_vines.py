@@ -12,9 +12,10 @@ from unstable.buffer.step_buffer import steps_to_add
 from unstable.collector import Collector
 from unstable.collector.collector import RECORDS_ENV
 from unstable.collector.config import CollectorConfig
+from unstable.collector.vine_stats import VineStats
 from unstable.config import ConfigError, load_config
 from unstable.games.agent import Agent
-from unstable.games.vines import VineConfig, VineStats, play_vined_episode, vine_returns
+from unstable.games.vines import VineConfig, play_vined_episode, vine_returns
 from unstable.pool import ModelPool
 from unstable.pool.config import PoolConfig
 from unstable.records import Decision, EnvSpec, GameRecord, Opponent, Step

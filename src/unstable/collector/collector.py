@@ -24,10 +24,11 @@ from unstable.agents.seating import make_agent, parse_opponent, seat_agents
 from unstable.buffer.step_buffer import steps_to_add
 from unstable.collector.config import EVAL_CONCURRENCY, CollectorConfig
 from unstable.collector.pacing import HeldSlots, Pacing
+from unstable.collector.vine_stats import VineStats
 from unstable.games.branching import play_branched_episode
 from unstable.games.episode import play_episode
 from unstable.games.templates import get_template
-from unstable.games.vines import VineStats, play_vined_episode
+from unstable.games.vines import play_vined_episode
 from unstable.records import GameRecord, append_games
 from unstable.tracking import keys
 from unstable.tracking.tracker import summarize_game
