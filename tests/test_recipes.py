@@ -112,3 +112,15 @@ def test_a_recipe_runs_through_unstable_train_as_it_is(tiny_model_dir, tmp_path)
     (run_dir,) = tmp_path.iterdir()
     assert (run_dir / "checkpoints" / "ckpt-2" / "config.json").exists()  # every weight, from the warm start's model
     assert (run_dir / "warm-start" / "checkpoints").is_dir()
+
+
+def test_the_vine_recipe_is_the_one_measured_beside_the_stronger_one():
+    """docs/learning.md's "Credit per move: vines": benchmarks/results/vines, both recipes run as their files are."""
+    settings = _measured("vines")
+    assert [Path(p).name for p in settings["recipes"]] == ["tictactoe-tiny-strong.yaml", "tictactoe-tiny-vines.yaml"]
+    assert settings["set"] == []
+    vines = load_config(ROOT / "examples" / "tictactoe-tiny-vines.yaml")
+    strong = load_config(ROOT / "examples" / "tictactoe-tiny-strong.yaml")
+    assert (vines.collector.vines.rollouts, vines.collector.vines.decisions) == (3, "all")
+    assert [t.name for t in vines.buffer.sampling_reward_transforms] == ["BaselineByGroup", "NormalizeRewardsByEnv"]
+    assert vines.learner == strong.learner and vines.warm_start == strong.warm_start  # the vines are the difference
