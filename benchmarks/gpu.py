@@ -53,6 +53,8 @@ import inference as inference_bench  # benchmarks/inference.py: the engine as it
 import loop as loop_bench  # benchmarks/loop.py: the whole loop and the bare engine, measured
 import torch
 
+from unstable import atomic
+
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache"
 DEVICE_PEAKS = (  # (name contains, memory bandwidth GB/s, dense bf16 TFLOPS); the first match wins
@@ -418,7 +420,7 @@ def print_table(result: dict) -> None:
 
 
 def main() -> None:
-    """Run every part, write the JSON, print the table."""
+    """Run every part, writing the JSON after each (a run cut short keeps what it measured), then print the table."""
     args = parse_args()
     sizes = SMOKE if args.smoke else FULL
     cuda = not args.smoke and torch.cuda.is_available()
@@ -426,42 +428,44 @@ def main() -> None:
         sys.exit("gpu.py measures a CUDA GPU; on a CPU run it with --smoke")
     bandwidth_gbs, peak_tflops, nominal = device_peaks(cuda, args)
     device = "cuda" if cuda else "cpu"
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     elapsed: dict[str, float] = {}
-    with timed("model", elapsed, device):
-        model_dir = model_directory(args)
-        cfg = run_config(model_dir, sizes, args)
-    with timed("decode", elapsed, device):
-        decode = decode_part(cfg, model_dir, sizes, bandwidth_gbs)
-    with timed("learner LoRA", elapsed, device):
-        lora = learner_part(cfg, model_dir, sizes, peak_tflops, lora=True)
-    with timed("learner full", elapsed, device):
-        full = learner_part(cfg, model_dir, sizes, peak_tflops, lora=False)
-    with timed("loop", elapsed, device):
-        loop = loop_bench.measure_loop(cfg)
-        print(
-            f"  loop @ {loop['workers']}: {loop['tokens_per_s']:,.0f} tokens/s, {loop['learner_s_per_step']:.2f} s/step"
-        )
-    with timed("bare engine", elapsed, device):
-        bare = bare_part(cfg, model_dir, sizes, loop["last_checkpoint"])
-    result = {"device": device_description(cuda)} | headline(decode, lora, full, loop, bare)
-    result |= {
-        "loop_over_bare_base": loop["tokens_per_s"] / bare["base"]["tokens_per_s"],
+    result = {
+        "device": device_description(cuda),
+        "complete": False,
         "smoke": args.smoke,
         "nominal_peaks": nominal,
         "bandwidth_gbs": bandwidth_gbs,
         "peak_tflops": peak_tflops,
-        "model": str(model_dir),
-        "dtype": cfg.model.dtype,
         "sizes": asdict(sizes),
-        "decode": decode,
-        "learner": {"lora": lora, "full": full},
-        "loop": loop,
-        "bare": bare,
         "elapsed_s": elapsed,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    with timed("model", elapsed, device):
+        model_dir = model_directory(args)
+        cfg = run_config(model_dir, sizes, args)
+    result |= {"model": str(model_dir), "dtype": cfg.model.dtype}
+    with timed("decode", elapsed, device):
+        result["decode"] = decode_part(cfg, model_dir, sizes, bandwidth_gbs)
+    atomic.write_text(out, json.dumps(result, indent=2))
+    result["learner"] = {}
+    with timed("learner LoRA", elapsed, device):
+        result["learner"]["lora"] = learner_part(cfg, model_dir, sizes, peak_tflops, lora=True)
+    atomic.write_text(out, json.dumps(result, indent=2))
+    with timed("learner full", elapsed, device):
+        result["learner"]["full"] = learner_part(cfg, model_dir, sizes, peak_tflops, lora=False)
+    atomic.write_text(out, json.dumps(result, indent=2))
+    with timed("loop", elapsed, device):
+        loop = result["loop"] = loop_bench.measure_loop(cfg)
+        print(
+            f"  loop @ {loop['workers']}: {loop['tokens_per_s']:,.0f} tokens/s, {loop['learner_s_per_step']:.2f} s/step"
+        )
+    atomic.write_text(out, json.dumps(result, indent=2))
+    with timed("bare engine", elapsed, device):
+        bare = result["bare"] = bare_part(cfg, model_dir, sizes, loop["last_checkpoint"])
+    result = headline(result["decode"], result["learner"]["lora"], result["learner"]["full"], loop, bare) | result
+    result |= {"complete": True, "loop_over_bare_base": loop["tokens_per_s"] / bare["base"]["tokens_per_s"]}
+    atomic.write_text(out, json.dumps(result, indent=2))
     print_table(result)
     print(f"\nwritten to {out}")
 

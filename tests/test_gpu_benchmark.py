@@ -34,6 +34,7 @@ def test_the_gpu_benchmark_smoke_run_writes_every_row_as_a_fraction(tiny_model_d
         assert math.isfinite(result[key]) and 0 < result[key] <= 1, (key, result[key])
     # two timings of a shared 2-core machine: their ratio is not held to <= 1 here (no assertion on timing)
     assert math.isfinite(result["loop_over_bare"]) and result["loop_over_bare"] > 0
+    assert result["complete"] is True  # written after every part; the last write marks it whole
     assert result["nominal_peaks"] is True  # CPU figures are round numbers, never passed off as measured peaks
     for kind in ("lora", "full"):  # a zero gradient would make the learner's time (and MFU) meaningless
         assert result["learner"][kind]["grad_norm"] > 0
