@@ -444,7 +444,8 @@ def main() -> None:
     with timed("model", elapsed, device):
         model_dir = model_directory(args)
         cfg = run_config(model_dir, sizes, args)
-    result |= {"model": str(model_dir), "dtype": cfg.model.dtype}
+    model_name = model_dir.relative_to(ROOT) if model_dir.is_relative_to(ROOT) else model_dir  # no machine paths
+    result |= {"model": str(model_name), "dtype": cfg.model.dtype}
     with timed("decode", elapsed, device):
         result["decode"] = decode_part(cfg, model_dir, sizes, bandwidth_gbs)
     atomic.write_text(out, json.dumps(result, indent=2))

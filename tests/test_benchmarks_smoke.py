@@ -26,6 +26,11 @@ SMOKES = {
     "benchmarks/cartpole.py": (["--smoke", "--out", f"{TMP}/cartpole.json"], "cartpole.json", "seeds reached"),
     "benchmarks/pendulum.py": (["--smoke", "--out", f"{TMP}/pendulum.json"], "pendulum.json", "wrote"),
     "experiments/engine_ab.py": (["--smoke", "--out", f"{TMP}/engine_ab.json"], "engine_ab.json", "tok/s before"),
+    "experiments/decode_profile.py": (
+        ["--model", TINY, "--batches", "1", "2", "--steps", "2", "--out", f"{TMP}/decode_profile.json"],
+        "decode_profile.json",
+        "engine_ms",
+    ),
     "experiments/resume_state_cost.py": (
         ["--steps", "3", "--repeats", "1", "--out", f"{TMP}/resume_state_cost.json"],
         "resume_state_cost.json",

@@ -161,3 +161,14 @@ def test_batched_lora_equals_peft_for_every_row_of_a_mixed_batch(tiny_model_dir,
             torch.testing.assert_close(batched[row], model(ids[:1]).logits[0], atol=1e-4, rtol=1e-4)
     backend.unload_adapter("x")
     assert backend.lora.slot_of == {"y": 2} and backend.lora.scale[1] == 0
+
+
+def test_the_engines_forward_passes_keep_attention_off_cudnn(tiny_model_dir):
+    """cuDNN's attention builds a plan per new shape and every decode step has one: on an H100 it made decode steps
+    2-3x slower (docs/hardware.md, "One GPU"), so prefill and decode run without it."""
+    backend = TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=4))
+    seen = []
+    backend.model.register_forward_pre_hook(lambda *_: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
+    backend.generate([GenerationRequest(SHORT), GenerationRequest(LONG)])
+    assert len(seen) > 1 and not any(seen)
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # only while the engine's forward runs

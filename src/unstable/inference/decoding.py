@@ -17,10 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from unstable.inference.base import SamplingConfig
 from unstable.inference.lora import LoRASlots
 from unstable.inference.prefix_cache import BLOCK, BlockKV, PrefixCache
+
+# The attention kernels a decode forward may use. Not cuDNN's: it builds an execution plan for each new shape, and a
+# decode step's key length is new at every step (on an H100, `experiments/decode_profile.py`: 1.5-3x slower steps).
+ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass
@@ -166,14 +171,15 @@ class DecodeBatch:
     def _forward(self, ids, mask, positions, cache, adapters: list[str | None]) -> torch.Tensor:
         if self.lora is not None:
             self.lora.select(adapters, self.device)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        with sdpa_kernel(ATTENTION_BACKENDS):
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         return out.logits[:, -1]  # (B, V)
 
     def _record(self, logits: torch.Tensor, first_new_row: int) -> list[Row]:
