@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from unstable.games.agent import Agent
-from unstable.games.episode import DEFAULT_MAX_TURNS, GameRecorder, play_turns, start_env
+from unstable.games.episode import DEFAULT_MAX_TURNS, GameRecorder, play_turns, start_env, state_group_id
 from unstable.records import EnvSpec, GameRecord, Step
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def play_branched_episode(
             return [game.finish(env, prefix, status)]
     except Exception as exc:  # noqa: BLE001 - any game-level failure becomes a failed record
         return [game.failure(prefix, exc)]
-    group_id = f"{spec.env_id}:{seed}:{len(prefix)}"
+    group_id = state_group_id(spec.env_id, seed, len(prefix))
     return [
         _play_branch(env_copy, game, prefix, group_id, max_turns, keep_prefix=g == 0)
         for g, env_copy in enumerate(copies)

@@ -43,6 +43,11 @@ def play_episode(
         return game.failure(steps, exc)
 
 
+def state_group_id(env_id: str, seed: int, turn: int) -> str:
+    """The `group_id` of the decisions sampled from one copied game state: the state at `turn` of game `seed`."""
+    return f"{env_id}:{seed}:{turn}"
+
+
 def start_env(spec: EnvSpec, seed: int) -> OwnRandomEnv:
     """A freshly reset TextArena env for `spec` drawing its chance from its own random states (`games.chance`),
     so games on other threads neither see nor shift its draws."""

@@ -29,7 +29,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from unstable.games.agent import Agent
-from unstable.games.episode import DEFAULT_MAX_TURNS, GameRecorder, play_turns, start_env
+from unstable.games.episode import DEFAULT_MAX_TURNS, GameRecorder, play_turns, start_env, state_group_id
 from unstable.records import EnvSpec, GameRecord, Step
 from unstable.settings import Settings
 
@@ -194,14 +194,9 @@ def _play_vine(
         vine = game.finish(env, steps, play_turns(env, game.agents, game.spec, steps, max_turns))
     except Exception as exc:  # noqa: BLE001 - a failed vine is one lost sample, not a failed game
         vine = game.failure(steps, exc)
-    group = _group_id(record, branch.turn)
+    group = state_group_id(record.env_id, record.seed, branch.turn)
     tagged = [replace(s, group_id=group) if s.turn == branch.turn else s for s in vine.steps[branch.turn :]]
     return replace(vine, steps=tuple(tagged), vine_turn=branch.turn)
-
-
-def _group_id(record: GameRecord, turn: int) -> str:
-    """The group of the game's decision at `turn` and its vines."""
-    return f"{record.env_id}:{record.seed}:{turn}"
 
 
 def _returns_differ(record: GameRecord, vines: list[GameRecord], branch: _Branch) -> bool:
@@ -215,7 +210,8 @@ def _returns_differ(record: GameRecord, vines: list[GameRecord], branch: _Branch
 def _tag_groups(record: GameRecord, vine_records: list[GameRecord]) -> GameRecord:
     """The game's record with its decisions that got a (successful) vine tagged with their group."""
     vined = {v.vine_turn for v in vine_records if not v.failed}
-    steps = tuple(replace(s, group_id=_group_id(record, s.turn)) if s.turn in vined else s for s in record.steps)
+    group = lambda turn: state_group_id(record.env_id, record.seed, turn)  # noqa: E731
+    steps = tuple(replace(s, group_id=group(s.turn)) if s.turn in vined else s for s in record.steps)
     return replace(record, steps=steps)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from abc import ABC, abstractmethod
 from collections import defaultdict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -236,18 +236,7 @@ class BaselineByObservation(SamplingRewardTransform):
     """
 
     def __call__(self, steps: list[Step]) -> list[Step]:
-        by_state: dict[tuple[str, str], list[float]] = defaultdict(list)
-        by_env: dict[str, list[float]] = defaultdict(list)
-        for step in steps:
-            by_state[(step.env_id, step.observation)].append(step.reward)
-            by_env[step.env_id].append(step.reward)
-        env_mean = {env: statistics.fmean(rewards) for env, rewards in by_env.items()}
-        return [replace(s, reward=s.reward - self._baseline(s, by_state, env_mean)) for s in steps]
-
-    @staticmethod
-    def _baseline(step: Step, by_state: dict[tuple[str, str], list[float]], env_mean: dict[str, float]) -> float:
-        same = by_state[(step.env_id, step.observation)]
-        return (sum(same) - step.reward) / (len(same) - 1) if len(same) > 1 else env_mean[step.env_id]
+        return _minus_leave_one_out_mean(steps, lambda s: (s.env_id, s.observation), env_mean_over_all=True)
 
 
 class BaselineByGroup(SamplingRewardTransform):
@@ -260,18 +249,28 @@ class BaselineByGroup(SamplingRewardTransform):
     """
 
     def __call__(self, steps: list[Step]) -> list[Step]:
-        by_group: dict[str, list[float]] = defaultdict(list)
-        for step in steps:
-            if step.group_id is not None:
-                by_group[step.group_id].append(step.reward)
-        alone: dict[str, list[float]] = defaultdict(list)
-        for step in steps:
-            if len(by_group.get(step.group_id, ())) < 2:
-                alone[step.env_id].append(step.reward)
-        env_mean = {env: statistics.fmean(rewards) for env, rewards in alone.items()}
-        return [replace(s, reward=s.reward - self._baseline(s, by_group, env_mean)) for s in steps]
+        return _minus_leave_one_out_mean(steps, lambda s: s.group_id, env_mean_over_all=False)
 
-    @staticmethod
-    def _baseline(step: Step, by_group: dict[str, list[float]], env_mean: dict[str, float]) -> float:
-        same = by_group.get(step.group_id, ())
+
+def _minus_leave_one_out_mean(
+    steps: list[Step], key_of: Callable[[Step], Hashable | None], env_mean_over_all: bool
+) -> list[Step]:
+    """Each step with its reward minus the mean reward of the other steps sharing its key (`key_of`; None: no
+    key). A step with no such other step gets its env's mean reward instead: over all the env's steps
+    (`env_mean_over_all`) or over the env's steps that have no such other step."""
+    by_key: dict[Hashable, list[float]] = defaultdict(list)
+    for step in steps:
+        if (key := key_of(step)) is not None:
+            by_key[key].append(step.reward)
+    alone = lambda step: len(by_key.get(key_of(step), ())) < 2  # noqa: E731
+    by_env: dict[str, list[float]] = defaultdict(list)
+    for step in steps:
+        if env_mean_over_all or alone(step):
+            by_env[step.env_id].append(step.reward)
+    env_mean = {env: statistics.fmean(rewards) for env, rewards in by_env.items()}
+
+    def baseline(step: Step) -> float:
+        same = by_key.get(key_of(step), ())
         return (sum(same) - step.reward) / (len(same) - 1) if len(same) > 1 else env_mean[step.env_id]
+
+    return [replace(s, reward=s.reward - baseline(s)) for s in steps]
