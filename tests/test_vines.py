@@ -125,6 +125,30 @@ def test_baseline_by_group_is_each_moves_return_minus_the_others_mean():
     assert out[3:] == [1.0 - 2.0, 0.0 - 2.0, 5.0 - 2.0]  # alone: their env's mean over such steps
 
 
+def test_each_vined_move_carries_the_value_of_the_state_it_led_to():
+    """VinePPO's estimate: a game move's `value_after` is the mean return of the game and its vines at the same
+    player's next vined decision; the player's last move has none (its return is the game's own)."""
+    records = play_vined_episode(TICTACTOE, _agents(), 5, VineConfig(rollouts=3), learner_player_ids=(0,))
+    game, returns = records[0], vine_returns(records)
+    turns = _learner_turns(game)
+    for turn, next_turn in zip(turns, turns[1:]):
+        assert game.steps[turn].value_after == pytest.approx(sum(returns[next_turn]) / len(returns[next_turn]))
+    assert game.steps[turns[-1]].value_after is None
+    assert all(s.value_after is None for s in game.steps if s.player_id != 0)
+    assert all(s.value_after is None for v in records[1:] for s in v.steps)  # vines keep their own returns
+
+
+def test_bootstrapped_baseline_scores_a_game_move_by_the_value_it_led_to():
+    def step(reward, value_after=None):
+        return Step("E", 0, 0, "o", "a", reward=reward, group_id="g", value_after=value_after)
+
+    steps = [step(1.0, value_after=0.5), step(0.0), step(1.0)]  # the game's move (it won), two vines' moves
+    assert [s.reward for s in BaselineByGroup()(steps)] == [1.0 - 0.5, 0.0 - 1.0, 1.0 - 0.5]
+    assert [s.reward for s in BaselineByGroup(bootstrap=True)(steps)] == [0.5 - 0.5, 0.0 - 0.75, 1.0 - 0.25]
+    with pytest.raises(ValueError, match="bootstrap"):
+        BaselineByGroup(bootstrap="yes")
+
+
 def test_vine_stats_measure_cost_share_and_spread():
     stats = VineStats()
     records = play_vined_episode(TICTACTOE, _agents(), 5, VineConfig(rollouts=3), learner_player_ids=(0,))
@@ -171,9 +195,12 @@ def test_vines_and_branching_together_are_refused():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("algorithm", "decisions", "chance"), [("reinforce", "spread", "fixed"), ("ppo", "all", "resample")]
+    ("algorithm", "decisions", "chance", "bootstrap"),
+    [("reinforce", "spread", "fixed", "false"), ("ppo", "all", "resample", "true")],
 )
-def test_vines_train_through_unstable_train(tiny_model_dir, tmp_path, monkeypatch, algorithm, decisions, chance):
+def test_vines_train_through_unstable_train(
+    tiny_model_dir, tmp_path, monkeypatch, algorithm, decisions, chance, bootstrap
+):
     monkeypatch.setenv(RECORDS_ENV, str(tmp_path))
     overrides = tiny_run(
         tmp_path,
@@ -186,7 +213,8 @@ def test_vines_train_through_unstable_train(tiny_model_dir, tmp_path, monkeypatc
         "learner.algorithm.args={}",
         "learner.num_steps=2",
         "learner.batch_size=8",
-        "buffer.sampling_reward_transforms=[{name: BaselineByGroup}, {name: NormalizeRewardsByEnv}]",
+        f"buffer.sampling_reward_transforms=[{{name: BaselineByGroup, args: {{bootstrap: {bootstrap}}}}}, "
+        "{name: NormalizeRewardsByEnv}]",
         "warm_start.games=16",
     )
     train(load_config(EXAMPLE, overrides))

@@ -126,7 +126,9 @@ class Step:
     `decisions_after` and `next_prompt_token_ids` are facts of the game that `link_decisions` fills in when the
     StepBuffer takes the game: how many decisions the same player makes later, and the prompt of its next one
     (empty at its last), the state whose value a bootstrapping critic (`A2C(bootstrap=...)`) reads. A discount
-    (`rewards.DiscountLaterDecisions`) reads the first.
+    (`rewards.DiscountLaterDecisions`) reads the first. `value_after` is the Monte Carlo value of the state this
+    move led to, when vines measured it (`games.vines`): the mean return, in the env's own rewards, of the game and
+    its vines at the same player's next vined decision; `BaselineByGroup(bootstrap=True)` scores the move by it.
     """
 
     env_id: str
@@ -151,6 +153,7 @@ class Step:
     decisions_after: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
+    value_after: float | None = None
 
     @property
     def has_tokens(self) -> bool:

@@ -246,31 +246,50 @@ class BaselineByGroup(SamplingRewardTransform):
     dropped part of it. A step with no other member of its group in the batch gets the mean reward of its env's
     such steps instead. With vines this is each move's credit: its return minus the value of the state it was
     chosen in. Put it before `NormalizeRewardsByEnv`, which then scales the advantages.
+
+    `bootstrap`: a move whose vines measured the state it led to (`Step.value_after`, the game's own moves but its
+    player's last) counts that value instead of its one return, as VinePPO's advantage V(s') - V(s) does: the
+    rest of the game's chance leaves that sample. `value_after` is in the env's own rewards, so use it with no final
+    reward transforms.
     """
 
+    def __init__(self, bootstrap: bool = False):
+        if not isinstance(bootstrap, bool):
+            raise ValueError(f"bootstrap must be true or false, got {bootstrap!r}")
+        self.bootstrap = bootstrap
+
     def __call__(self, steps: list[Step]) -> list[Step]:
-        return _minus_leave_one_out_mean(steps, lambda s: s.group_id, env_mean_over_all=False)
+        value_of = self._value if self.bootstrap else None
+        return _minus_leave_one_out_mean(steps, lambda s: s.group_id, env_mean_over_all=False, value_of=value_of)
+
+    @staticmethod
+    def _value(step: Step) -> float:
+        return step.reward if step.value_after is None else step.value_after
 
 
 def _minus_leave_one_out_mean(
-    steps: list[Step], key_of: Callable[[Step], Hashable | None], env_mean_over_all: bool
+    steps: list[Step],
+    key_of: Callable[[Step], Hashable | None],
+    env_mean_over_all: bool,
+    value_of: Callable[[Step], float] | None = None,
 ) -> list[Step]:
-    """Each step with its reward minus the mean reward of the other steps sharing its key (`key_of`; None: no
-    key). A step with no such other step gets its env's mean reward instead: over all the env's steps
-    (`env_mean_over_all`) or over the env's steps that have no such other step."""
+    """Each step with its value (`value_of`, default its reward) minus the mean value of the other steps sharing its
+    key (`key_of`; None: no key) as its reward. A step with no such other step gets its env's mean value instead:
+    over all the env's steps (`env_mean_over_all`) or over the env's steps that have no such other step."""
+    value_of = value_of or (lambda step: step.reward)
     by_key: dict[Hashable, list[float]] = defaultdict(list)
     for step in steps:
         if (key := key_of(step)) is not None:
-            by_key[key].append(step.reward)
+            by_key[key].append(value_of(step))
     alone = lambda step: len(by_key.get(key_of(step), ())) < 2  # noqa: E731
     by_env: dict[str, list[float]] = defaultdict(list)
     for step in steps:
         if env_mean_over_all or alone(step):
-            by_env[step.env_id].append(step.reward)
-    env_mean = {env: statistics.fmean(rewards) for env, rewards in by_env.items()}
+            by_env[step.env_id].append(value_of(step))
+    env_mean = {env: statistics.fmean(values) for env, values in by_env.items()}
 
     def baseline(step: Step) -> float:
         same = by_key.get(key_of(step), ())
-        return (sum(same) - step.reward) / (len(same) - 1) if len(same) > 1 else env_mean[step.env_id]
+        return (sum(same) - value_of(step)) / (len(same) - 1) if len(same) > 1 else env_mean[step.env_id]
 
-    return [replace(s, reward=s.reward - baseline(s)) for s in steps]
+    return [replace(s, reward=value_of(s) - baseline(s)) for s in steps]
