@@ -220,22 +220,27 @@ def peak_memory_gb(device: str) -> float | None:
     return torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else None
 
 
-def decode_tokens_per_s(backend, prompts: list[list[int]], sizes: Sizes) -> float:
-    """Tokens/s of the engine's decode steps with every prompt a row (prefill and warm-up steps not timed)."""
+def running_batch(backend, prompts: list[list[int]], max_new_tokens: int):
+    """The engine's `DecodeBatch` with every prompt a prefilled row that no token ends (no eos: -1 is no token)
+    before `max_new_tokens`, sampled at temperature 1."""
     from unstable.inference import SamplingConfig
     from unstable.inference.decoding import DecodeBatch, Row
 
-    # no row may leave while timed: no eos (-1 is no token), and room for every step
-    sampling = SamplingConfig(max_new_tokens=sizes.decode_warmup + sizes.decode_steps + 2, temperature=1.0)
     batch = DecodeBatch(
         backend.model,
-        sampling,
+        SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0),
         eos_token_id=-1,
         pad_token_id=backend.tokenizer.pad_token_id,
         device=backend.device,
         lora=backend.lora,
     )
     batch.add([Row(i, ids, None) for i, ids in enumerate(prompts)])
+    return batch
+
+
+def decode_tokens_per_s(backend, prompts: list[list[int]], sizes: Sizes) -> float:
+    """Tokens/s of the engine's decode steps with every prompt a row (prefill and warm-up steps not timed)."""
+    batch = running_batch(backend, prompts, sizes.decode_warmup + sizes.decode_steps + 2)
     for _ in range(sizes.decode_warmup):
         batch.step()
     synchronize(backend.device)

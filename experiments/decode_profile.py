@@ -32,6 +32,7 @@ from unstable.inference import decoding
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import gpu as gpu_bench  # noqa: E402 - benchmarks/gpu.py: the engine's running batch, as its decode rows time it
 import inference as inference_bench  # noqa: E402 - benchmarks/inference.py builds the backend as gpu.py does
 import loop as loop_bench  # noqa: E402 - benchmarks/loop.py: the loop's real prompts
 
@@ -60,21 +61,15 @@ def model_directory(args, cuda: bool) -> Path:
     return ensure_shaped_model(ROOT / ".cache" / "qwen3-0.6b-shape", tiny) if cuda else tiny
 
 
-def synchronize(device: str) -> None:
-    """Wait for the GPU's queued work (nothing on the CPU)."""
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def timed_steps(step, steps: int, device: str) -> float:
     """Seconds per call of `step` over `steps` calls after `WARMUP` untimed ones."""
     for _ in range(WARMUP):
         step()
-    synchronize(device)
+    gpu_bench.synchronize(device)
     start = time.perf_counter()
     for _ in range(steps):
         step()
-    synchronize(device)
+    gpu_bench.synchronize(device)
     return (time.perf_counter() - start) / steps
 
 
@@ -105,24 +100,6 @@ def bare_step_fn(model, prompts: list[list[int]], pad_id: int, device: str, mask
     return step
 
 
-def engine_batch(backend, prompts: list[list[int]], steps: int):
-    """A `DecodeBatch` holding every prompt as a row that cannot finish within the timed steps."""
-    from unstable.inference import SamplingConfig
-    from unstable.inference.decoding import DecodeBatch, Row
-
-    sampling = SamplingConfig(max_new_tokens=2 * (WARMUP + steps) + 4, temperature=1.0)
-    batch = DecodeBatch(
-        backend.model,
-        sampling,
-        eos_token_id=-1,
-        pad_token_id=backend.tokenizer.pad_token_id,
-        device=backend.device,
-        lora=backend.lora,
-    )
-    batch.add([Row(i, ids, None) for i, ids in enumerate(prompts)])
-    return batch
-
-
 def profile_table(step, device: str, rows: int = 18) -> str:
     """torch.profiler's operators of 3 calls of `step`, by self CPU time and (on a GPU) by GPU time."""
     from torch.profiler import ProfilerActivity, profile
@@ -131,7 +108,7 @@ def profile_table(step, device: str, rows: int = 18) -> str:
     with profile(activities=activities) as prof:
         for _ in range(3):
             step()
-        synchronize(device)
+        gpu_bench.synchronize(device)
     averages = prof.key_averages()
     table = averages.table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=48)
     if device == "cuda":
@@ -161,13 +138,16 @@ def main() -> None:
             row[f"{name}_ms"] = 1e3 * timed_steps(
                 bare_step_fn(backend.model, rows, pad_id, device, masked), args.steps, device
             )
-        engine = engine_batch(backend, rows, args.steps)
+        engine = gpu_bench.running_batch(backend, rows, 2 * (WARMUP + args.steps) + 4)
         row["engine_ms"] = 1e3 * timed_steps(engine.step, args.steps, device)
         row["engine_tokens_per_s"] = 1e3 * batch / row["engine_ms"]
         print(json.dumps(row), flush=True)
         result["rows"].append(row)
         if not args.engine_only:
-            print(f"--- engine step, batch {batch}:\n" + profile_table(engine_batch(backend, rows, 8).step, device))
+            print(
+                f"--- engine step, batch {batch}:\n"
+                + profile_table(gpu_bench.running_batch(backend, rows, 2 * (WARMUP + 8) + 4).step, device)
+            )
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
 
