@@ -446,6 +446,10 @@ def main() -> None:
         "sizes": asdict(sizes),
         "elapsed_s": elapsed,
     }
+
+    def save() -> None:  # after every part, so a run cut short keeps what it measured
+        atomic.write_text(out, json.dumps(result, indent=2))
+
     with timed("model", elapsed, device):
         model_dir = model_directory(args)
         cfg = run_config(model_dir, sizes, args)
@@ -453,25 +457,25 @@ def main() -> None:
     result |= {"model": str(model_name), "dtype": cfg.model.dtype}
     with timed("decode", elapsed, device):
         result["decode"] = decode_part(cfg, model_dir, sizes, bandwidth_gbs)
-    atomic.write_text(out, json.dumps(result, indent=2))
+    save()
     result["learner"] = {}
     with timed("learner LoRA", elapsed, device):
         result["learner"]["lora"] = learner_part(cfg, model_dir, sizes, peak_tflops, lora=True)
-    atomic.write_text(out, json.dumps(result, indent=2))
+    save()
     with timed("learner full", elapsed, device):
         result["learner"]["full"] = learner_part(cfg, model_dir, sizes, peak_tflops, lora=False)
-    atomic.write_text(out, json.dumps(result, indent=2))
+    save()
     with timed("loop", elapsed, device):
         loop = result["loop"] = loop_bench.measure_loop(cfg)
         print(
             f"  loop @ {loop['workers']}: {loop['tokens_per_s']:,.0f} tokens/s, {loop['learner_s_per_step']:.2f} s/step"
         )
-    atomic.write_text(out, json.dumps(result, indent=2))
+    save()
     with timed("bare engine", elapsed, device):
         bare = result["bare"] = bare_part(cfg, model_dir, sizes, loop["last_checkpoint"])
     result = headline(result["decode"], result["learner"]["lora"], result["learner"]["full"], loop, bare) | result
     result |= {"complete": True, "loop_over_bare_base": loop["tokens_per_s"] / bare["base"]["tokens_per_s"]}
-    atomic.write_text(out, json.dumps(result, indent=2))
+    save()
     print_table(result)
     print(f"\nwritten to {out}")
 

@@ -123,7 +123,7 @@ def play_vined_episode(
         return [record]
     branches = [_Branch(t, steps[t].player_id, state, _tokens_from(steps, t)) for t, state in sorted(states.items())]
     vine_records = _grow(game, record, branches, vines, max_turns)
-    return [_with_values_after(_tag_groups(record, vine_records), vine_records), *vine_records]
+    return [_tag_vined_moves(record, vine_records), *vine_records]
 
 
 def _copy_into(states: dict[int, object], turn: int, env) -> bool:
@@ -207,24 +207,19 @@ def _returns_differ(record: GameRecord, vines: list[GameRecord], branch: _Branch
     return len(returns) > 1
 
 
-def _tag_groups(record: GameRecord, vine_records: list[GameRecord]) -> GameRecord:
-    """The game's record with its decisions that got a (successful) vine tagged with their group."""
-    vined = {v.vine_turn for v in vine_records if not v.failed}
-    group = lambda turn: state_group_id(record.env_id, record.seed, turn)  # noqa: E731
-    steps = tuple(replace(s, group_id=group(s.turn)) if s.turn in vined else s for s in record.steps)
-    return replace(record, steps=steps)
-
-
-def _with_values_after(record: GameRecord, vine_records: list[GameRecord]) -> GameRecord:
-    """The game's record with each valid vined move's `value_after`: the mean return of the game and its vines at
-    the same player's next vined decision (none at its last, whose return is the game's own)."""
+def _tag_vined_moves(record: GameRecord, vine_records: list[GameRecord]) -> GameRecord:
+    """The game's record with each decision that got a (successful) vine tagged with its group and, when the move
+    was valid, its `value_after`: the mean return of the game and its vines at the same player's next vined
+    decision (none at its last, whose return is the game's own)."""
     values = {turn: sum(returns) / len(returns) for turn, returns in vine_returns([record, *vine_records]).items()}
-    vined = sorted(values)
     steps = []
     for step in record.steps:
-        later = [t for t in vined if t > step.turn and record.steps[t].player_id == step.player_id]
-        if step.turn in values and later and not step.invalid_move:
-            step = replace(step, value_after=values[later[0]])
+        if step.turn in values:
+            later = (t for t in sorted(values) if t > step.turn and record.steps[t].player_id == step.player_id)
+            after = next(later, None)
+            value_after = None if after is None or step.invalid_move else values[after]
+            group_id = state_group_id(record.env_id, record.seed, step.turn)
+            step = replace(step, group_id=group_id, value_after=value_after)
         steps.append(step)
     return replace(record, steps=tuple(steps))
 
