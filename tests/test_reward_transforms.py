@@ -92,6 +92,17 @@ def test_by_role_gives_each_seat_its_own_mean_and_std():
     assert [s.reward for s in steps] == [r for r, _, _ in rows]  # inputs untouched
 
 
+def test_by_turn_gives_each_turn_its_own_mean_and_std():
+    # the opening's small differences (discounted far from the end) get the endgame's scale
+    rows = [(0.1, 0), (-0.1, 0), (0.8, 4), (-0.8, 4), (0.0, 4)]  # (reward, turn)
+    steps = [replace(_step(0, reward=r), turn=t) for r, t in rows]
+    z = retra.NormalizeRewardsByEnv(True, by_turn=True)(steps)
+    per_turn_4 = 0.8 / math.sqrt(2 * 0.64 / 3)
+    assert [s.reward for s in z] == pytest.approx([1.0, -1.0, per_turn_4, -per_turn_4, 0.0])
+    with pytest.raises(ValueError, match="by_turn"):
+        retra.NormalizeRewardsByEnv(True, by_turn="yes")
+
+
 def test_the_buffer_names_each_steps_opponent_from_the_game_record():
     buffer = StepBuffer(max_buffer_size=10)
     steps = (_step(0), _step(1), _step(0))

@@ -189,11 +189,19 @@ class NormalizeRewardsByEnv(SamplingRewardTransform):
     advantage as a batch baseline. In TicTacToe the player who opens wins far more often, so one env-wide
     mean makes nearly every move of the second seat look bad and buries what separates its good games from its
     bad ones.
+
+    With `by_turn` each turn of the game (`Step.turn`) has its own: under a discount (`DiscountLaterDecisions`) an
+    opening's advantages are small beside the endgame's, and one env-wide std would leave the opening nearly no
+    gradient; per turn every depth of the game gets the same scale.
     """
 
-    def __init__(self, z_score: bool = False, by_role: bool = False, eps: float = 1e-8):
+    def __init__(self, z_score: bool = False, by_role: bool = False, by_turn: bool = False, eps: float = 1e-8):
+        for name, value in (("z_score", z_score), ("by_role", by_role), ("by_turn", by_turn)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be true or false, got {value!r}")
         self.z_score = z_score
         self.by_role = by_role
+        self.by_turn = by_turn
         self.eps = eps
 
     def __call__(self, steps: list[Step]) -> list[Step]:
@@ -204,8 +212,7 @@ class NormalizeRewardsByEnv(SamplingRewardTransform):
         return [replace(s, reward=self._normalize(s.reward, *stats[self._key(s)])) for s in steps]
 
     def _key(self, step: Step) -> Hashable:
-        group = self._group(step)
-        return (group, step.player_id) if self.by_role else group
+        return (self._group(step), step.player_id if self.by_role else None, step.turn if self.by_turn else None)
 
     def _group(self, step: Step) -> Hashable:
         return step.env_id
