@@ -149,6 +149,21 @@ def test_bootstrapped_baseline_scores_a_game_move_by_the_value_it_led_to():
         BaselineByGroup(bootstrap="yes")
 
 
+def test_baseline_by_action_pools_the_returns_of_the_same_move_in_one_state():
+    """With `by_action` a move's value is the mean return of its group's moves that chose the same action (a Monte
+    Carlo Q of that action), less the leave-one-out mean of the others' returns."""
+
+    def step(action, reward, group="g"):
+        return Step("E", 0, 0, "o", action, reward=reward, group_id=group)
+
+    steps = [step("[4]", 1.0), step("[4]", 0.0), step("[0]", 1.0), step("[8]", -1.0), step("[4]", 1.0, "h")]
+    out = [s.reward for s in BaselineByGroup(by_action=True)(steps)]
+    assert out[:4] == pytest.approx([0.5 - 0.0, 0.5 - 1 / 3, 1.0 - 0.0, -1.0 - 2 / 3])
+    assert out[4] == 0.0  # alone in its group: its env's mean over such steps (only itself here), as before
+    with pytest.raises(ValueError, match="by_action"):
+        BaselineByGroup(by_action=1)
+
+
 def test_vine_stats_measure_cost_share_and_spread():
     stats = VineStats()
     records = play_vined_episode(TICTACTOE, _agents(), 5, VineConfig(rollouts=3), learner_player_ids=(0,))
@@ -195,11 +210,11 @@ def test_vines_and_branching_together_are_refused():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("algorithm", "decisions", "chance", "bootstrap"),
-    [("reinforce", "spread", "fixed", "false"), ("ppo", "all", "resample", "true")],
+    ("algorithm", "decisions", "chance", "baseline_args"),
+    [("reinforce", "spread", "fixed", "{by_action: true}"), ("ppo", "all", "resample", "{bootstrap: true}")],
 )
 def test_vines_train_through_unstable_train(
-    tiny_model_dir, tmp_path, monkeypatch, algorithm, decisions, chance, bootstrap
+    tiny_model_dir, tmp_path, monkeypatch, algorithm, decisions, chance, baseline_args
 ):
     monkeypatch.setenv(RECORDS_ENV, str(tmp_path))
     overrides = tiny_run(
@@ -213,7 +228,7 @@ def test_vines_train_through_unstable_train(
         "learner.algorithm.args={}",
         "learner.num_steps=2",
         "learner.batch_size=8",
-        f"buffer.sampling_reward_transforms=[{{name: BaselineByGroup, args: {{bootstrap: {bootstrap}}}}}, "
+        f"buffer.sampling_reward_transforms=[{{name: BaselineByGroup, args: {baseline_args}}}, "
         "{name: NormalizeRewardsByEnv}]",
         "warm_start.games=16",
     )

@@ -258,16 +258,34 @@ class BaselineByGroup(SamplingRewardTransform):
     player's last) counts that value instead of its one return, as VinePPO's advantage V(s') - V(s) does: the
     rest of the game's chance leaves that sample. `value_after` is in the env's own rewards, so use it with no final
     reward transforms.
+
+    `by_action`: a move counts the mean value of its group's moves that chose the same action (`Step.action`, its
+    own included), the state's Monte Carlo Q of that action, instead of its own value alone; the baseline stays the
+    mean of the others. Where the policy repeats a move in a state (a few cells, two bets), each such move's credit
+    then averages over several continuations. The others' moves do not depend on this one, so the estimate keeps
+    its expectation.
     """
 
-    def __init__(self, bootstrap: bool = False):
-        if not isinstance(bootstrap, bool):
-            raise ValueError(f"bootstrap must be true or false, got {bootstrap!r}")
+    def __init__(self, bootstrap: bool = False, by_action: bool = False):
+        for name, value in (("bootstrap", bootstrap), ("by_action", by_action)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be true or false, got {value!r}")
         self.bootstrap = bootstrap
+        self.by_action = by_action
 
     def __call__(self, steps: list[Step]) -> list[Step]:
-        value_of = self._value if self.bootstrap else None
-        return _minus_leave_one_out_mean(steps, lambda s: s.group_id, env_mean_over_all=False, value_of=value_of)
+        value_of = self._value if self.bootstrap else (lambda step: step.reward)
+        centred = _minus_leave_one_out_mean(steps, lambda s: s.group_id, env_mean_over_all=False, value_of=value_of)
+        if not self.by_action:
+            return centred
+        by_action: dict[Hashable, list[float]] = defaultdict(list)
+        for step in steps:
+            by_action[step.group_id, step.action].append(value_of(step))
+        action_value = {key: statistics.fmean(values) for key, values in by_action.items()}
+        return [
+            replace(c, reward=c.reward - value_of(s) + action_value[s.group_id, s.action]) if s.group_id else c
+            for c, s in zip(centred, steps, strict=True)
+        ]
 
     @staticmethod
     def _value(step: Step) -> float:
