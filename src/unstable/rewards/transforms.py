@@ -196,9 +196,7 @@ class NormalizeRewardsByEnv(SamplingRewardTransform):
     """
 
     def __init__(self, z_score: bool = False, by_role: bool = False, by_turn: bool = False, eps: float = 1e-8):
-        for name, value in (("z_score", z_score), ("by_role", by_role), ("by_turn", by_turn)):
-            if not isinstance(value, bool):
-                raise ValueError(f"{name} must be true or false, got {value!r}")
+        _require_bools(z_score=z_score, by_role=by_role, by_turn=by_turn)
         self.z_score = z_score
         self.by_role = by_role
         self.by_turn = by_turn
@@ -267,9 +265,7 @@ class BaselineByGroup(SamplingRewardTransform):
     """
 
     def __init__(self, bootstrap: bool = False, by_action: bool = False):
-        for name, value in (("bootstrap", bootstrap), ("by_action", by_action)):
-            if not isinstance(value, bool):
-                raise ValueError(f"{name} must be true or false, got {value!r}")
+        _require_bools(bootstrap=bootstrap, by_action=by_action)
         self.bootstrap = bootstrap
         self.by_action = by_action
 
@@ -290,6 +286,13 @@ class BaselineByGroup(SamplingRewardTransform):
     @staticmethod
     def _value(step: Step) -> float:
         return step.reward if step.value_after is None else step.value_after
+
+
+def _require_bools(**flags: object) -> None:
+    """Refuse a flag that is not true or false (a string or a number would otherwise pass as truthy)."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
 
 
 def _minus_leave_one_out_mean(
