@@ -169,7 +169,9 @@ def test_full_finetuning_checkpoint_replaces_served_weights(tiny_model_dir, tmp_
     assert after.logprobs != pytest.approx(before.logprobs, abs=1e-6)
     stale = server.generate(GenerationRequest(PROMPT, base))  # a game started before the update
     assert (before.served_by, after.served_by, stale.served_by) == (base, new, new)  # the weights that served it
-    assert stale.logprobs == pytest.approx(after.logprobs, abs=1e-6)
+    # the same weights: equal up to float32 rounding (the second may reuse the first's cached prompt; a fresh-clone
+    # make test saw 1.4e-6 apart on a log-prob of -3.6)
+    assert stale.logprobs == pytest.approx(after.logprobs, abs=1e-5)
     server.stop()
 
 
