@@ -212,10 +212,11 @@ def _tag_vined_moves(record: GameRecord, vine_records: list[GameRecord]) -> Game
     was valid, its `value_after`: the mean return of the game and its vines at the same player's next vined
     decision (none at its last, whose return is the game's own)."""
     values = {turn: sum(returns) / len(returns) for turn, returns in vine_returns([record, *vine_records]).items()}
+    vined_turns = sorted(values)
     steps = []
     for step in record.steps:
         if step.turn in values:
-            later = (t for t in sorted(values) if t > step.turn and record.steps[t].player_id == step.player_id)
+            later = (t for t in vined_turns if t > step.turn and record.steps[t].player_id == step.player_id)
             after = next(later, None)
             value_after = None if after is None or step.invalid_move else values[after]
             group_id = state_group_id(record.env_id, record.seed, step.turn)

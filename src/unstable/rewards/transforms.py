@@ -275,7 +275,7 @@ class BaselineByGroup(SamplingRewardTransform):
         if not self.by_action:
             return centred
         by_action: dict[Hashable, list[float]] = defaultdict(list)
-        for step in steps:
+        for step in (s for s in steps if s.group_id):
             by_action[step.group_id, step.action].append(value_of(step))
         action_value = {key: statistics.fmean(values) for key, values in by_action.items()}
         return [
