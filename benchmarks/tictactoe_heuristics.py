@@ -16,6 +16,7 @@ from unstable.agents.scripted import (
     TicTacToeCenterAgent,
     TicTacToeRulesAgent,
     TicTacToeWinAgent,
+    TicTacToeWinBlockAgent,
     TicTacToeWinBlockCenterAgent,
     TicTacToeWinCenterAgent,
 )
@@ -26,6 +27,7 @@ AGENTS: dict[str, type[TicTacToeRulesAgent]] = {
     "center first, else random": TicTacToeCenterAgent,
     "complete a line, else random": TicTacToeWinAgent,
     "complete a line, else center, else random": TicTacToeWinCenterAgent,
+    "complete, else block, else random": TicTacToeWinBlockAgent,
     "complete, else block, else center, else random": TicTacToeWinBlockCenterAgent,
 }
 

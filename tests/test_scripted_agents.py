@@ -261,6 +261,7 @@ EMPTY = "Current Board:\n\n 0 | 1 | 2 \n---+---+---\n 3 | 4 | 5 \n---+---+---\n 
     [
         ("tictactoe-win", {"[2]"}, "random", "random"),
         ("tictactoe-win-center", {"[2]"}, {"[4]"}, {"[4]"}),
+        ("tictactoe-win-block", {"[2]"}, {"[2]"}, "random"),
         ("tictactoe-win-block-center", {"[2]"}, {"[2]"}, {"[4]"}),
         ("tictactoe-center", "random", {"[4]"}, {"[4]"}),
     ],
@@ -273,7 +274,9 @@ def test_rule_agents_win_then_block_then_take_the_center_as_named(name, two_thre
         assert moves == (empty_cells if expected == "random" else expected), (name, observation)
 
 
-@pytest.mark.parametrize("name", ["tictactoe-win", "tictactoe-win-center", "tictactoe-win-block-center"])
+@pytest.mark.parametrize(
+    "name", ["tictactoe-win", "tictactoe-win-center", "tictactoe-win-block", "tictactoe-win-block-center"]
+)
 def test_rule_agents_play_legal_games_in_either_seat_and_beat_random_more_often_than_not(name):
     wins = 0
     for seed in range(20):
