@@ -85,8 +85,9 @@ def test_the_benchmark_recipes_are_the_ones_measured_from_a_fresh_clone():
 
 
 @pytest.mark.slow
-def test_a_recipe_runs_through_unstable_train_as_it_is(tiny_model_dir, tmp_path):
-    """The Kuhn Poker recipe, cut to 2 learner steps after a 4-game warm start, through the `unstable` command."""
+@pytest.mark.parametrize("recipe", ["kuhn-poker-tiny.yaml", "kuhn-poker-tiny-vines.yaml"])
+def test_a_recipe_runs_through_unstable_train_as_it_is(recipe, tiny_model_dir, tmp_path):
+    """The Kuhn Poker recipes, cut to 2 learner steps after a 4-game warm start, through the `unstable` command."""
     sets = [
         f"run.dir={tmp_path}",
         f"model.path={tiny_model_dir}",
@@ -99,7 +100,7 @@ def test_a_recipe_runs_through_unstable_train_as_it_is(tiny_model_dir, tmp_path)
         "evaluation.games_at_end=2",
         "tracker.tensorboard=false",
     ]
-    command = [sys.executable, "-m", "unstable.cli.main", "train", "examples/kuhn-poker-tiny.yaml", "--no-wandb"]
+    command = [sys.executable, "-m", "unstable.cli.main", "train", f"examples/{recipe}", "--no-wandb"]
     done = subprocess.run(
         [*command, *(arg for s in sets for arg in ("--set", s))],
         cwd=ROOT,
@@ -124,3 +125,15 @@ def test_the_vine_recipe_is_the_one_measured_beside_the_stronger_one():
     assert (vines.collector.vines.rollouts, vines.collector.vines.decisions) == (3, "all")
     assert [t.name for t in vines.buffer.sampling_reward_transforms] == ["BaselineByGroup", "NormalizeRewardsByEnv"]
     assert vines.learner == strong.learner and vines.warm_start == strong.warm_start  # the vines are the difference
+
+
+@pytest.mark.parametrize("seed", [60, 61, 62])
+def test_the_kuhn_vine_recipe_is_the_one_measured_from_the_random_move_warm_start(seed):
+    """docs/learning.md's Kuhn Poker with vines: benchmarks/results/vines-kuhn ran kuhn-poker-tiny.yaml with `--set`
+    overrides; examples/kuhn-poker-tiny-vines.yaml holds exactly those settings."""
+    settings = _measured(f"vines-kuhn/seed-{seed}")
+    assert [Path(p).name for p in settings["recipes"]] == ["kuhn-poker-tiny.yaml"]
+    measured = load_config(ROOT / "examples" / "kuhn-poker-tiny.yaml", overrides=settings["set"])
+    recipe = load_config(ROOT / "examples" / "kuhn-poker-tiny-vines.yaml")
+    assert recipe.run.name == "kuhn-poker-tiny-vines"
+    assert recipe.model_copy(update={"run": measured.run}) == measured
