@@ -31,6 +31,11 @@ SMOKES = {
         "decode_profile.json",
         "engine_ms",
     ),
+    "experiments/loop_gap.py": (
+        ["--smoke", "--model", TINY, "--rounds", "1", "--out", f"{TMP}/loop_gap.json"],
+        "loop_gap.json",
+        "beside a learner",
+    ),
     "experiments/resume_state_cost.py": (
         ["--steps", "3", "--repeats", "1", "--out", f"{TMP}/resume_state_cost.json"],
         "resume_state_cost.json",
