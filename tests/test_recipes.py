@@ -137,3 +137,15 @@ def test_the_kuhn_vine_recipe_is_the_one_measured_from_the_random_move_warm_star
     recipe = load_config(ROOT / "examples" / "kuhn-poker-tiny-vines.yaml")
     assert recipe.run.name == "kuhn-poker-tiny-vines"
     assert recipe.model_copy(update={"run": measured.run}) == measured
+
+
+@pytest.mark.parametrize("seed", [60, 61, 62])
+def test_the_kuhn_vine_recipe_is_the_one_measured_from_the_equilibrium_warm_start(seed):
+    """docs/learning.md's Kuhn Poker with vines from the equilibrium warm start: benchmarks/results/vines-kuhn/
+    nash-warm-start ran examples/kuhn-poker-tiny-vines.yaml with only the warm start's agents changed."""
+    settings = _measured(f"vines-kuhn/nash-warm-start/seed-{seed}")
+    assert [Path(p).name for p in settings["recipes"]] == ["kuhn-poker-tiny-vines.yaml"]
+    measured = load_config(ROOT / "examples" / "kuhn-poker-tiny-vines.yaml", overrides=settings["set"])
+    assert measured.warm_start.agents == ["kuhn-nash", "kuhn-nash"]
+    recipe = load_config(ROOT / "examples" / "kuhn-poker-tiny-vines.yaml")
+    assert measured.model_copy(update={"warm_start": recipe.warm_start}) == recipe
