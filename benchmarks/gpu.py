@@ -323,16 +323,24 @@ def update_flops(shape: ModelShape, steps: list, adapter_weights: int | None) ->
     return 4 * shape.layer_weights * tokens + 6 * adapter_weights * tokens + 4 * head * targets + attention
 
 
-def learner_part(cfg, model_dir: Path, sizes: Sizes, peak_tflops: float, lora: bool) -> dict:
-    """MFU of the example's learner (LoRA, or with `lora` False every weight) on `synthetic_steps`."""
+def example_learner(cfg, model_dir: Path, lora: bool):
+    """The example's learner on `model_dir`, initialized: with its LoRA adapter, or with `lora` False every weight
+    trained."""
     from unstable.learner import Learner
-    from unstable.tracking import keys
 
     policy_cfg = cfg.learner.policy if lora else cfg.learner.policy.model_copy(update={"lora": None})
     learner_cfg = cfg.learner.model_copy(update={"policy": policy_cfg})
     learner = Learner.build(str(model_dir), learner_cfg.algorithm.build(), learner_cfg, dtype=cfg.model.dtype)
-    policy = learner.policy
     learner.initialize()
+    return learner
+
+
+def learner_part(cfg, model_dir: Path, sizes: Sizes, peak_tflops: float, lora: bool) -> dict:
+    """MFU of the example's learner (LoRA, or with `lora` False every weight) on `synthetic_steps`."""
+    from unstable.tracking import keys
+
+    learner = example_learner(cfg, model_dir, lora)
+    policy, policy_cfg = learner.policy, learner.cfg.policy
     shape = model_shape(model_dir)
     steps = synthetic_steps(shape.vocab, sizes)
     learner.train_step(steps)  # warm-up: kernels, allocator, optimizer state

@@ -46,13 +46,9 @@ def parse_args() -> argparse.Namespace:
 
 def train_without_pause(args: argparse.Namespace, ready, stop, updates) -> None:
     """In a child process: gpu.py's LoRA learner, one warm-up update, then `ready`, then updates until `stop`."""
-    from unstable.learner import Learner
-
     sizes = gpu_bench.SMOKE if args.smoke else gpu_bench.FULL
     model_dir = gpu_bench.model_directory(args)
-    cfg = gpu_bench.run_config(model_dir, sizes, args)
-    learner = Learner.build(str(model_dir), cfg.learner.algorithm.build(), cfg.learner, dtype=cfg.model.dtype)
-    learner.initialize()
+    learner = gpu_bench.example_learner(gpu_bench.run_config(model_dir, sizes, args), model_dir, lora=True)
     steps = gpu_bench.synthetic_steps(gpu_bench.model_shape(model_dir).vocab, sizes)
     learner.train_step(steps)
     ready.set()
