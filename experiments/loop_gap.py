@@ -33,14 +33,14 @@ from unstable import atomic  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
-    """The command line (`--model`, `--run-dir`, `--bandwidth-gbs`, `--peak-tflops` as gpu.py reads them)."""
+    """The command line; `--model` and `--smoke` as gpu.py reads them, and the `run_dir` its `run_config` names."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "experiments" / "results" / "loop_gap.json"))
     parser.add_argument("--smoke", action="store_true", help="run on the CPU with the tiny model and tiny sizes")
     parser.add_argument("--model", help="model directory (default: gpu.py's)")
     parser.add_argument("--rounds", type=int, default=8, help="timed batches of the loop's concurrency per row")
     args = parser.parse_args()
-    args.run_dir, args.bandwidth_gbs, args.peak_tflops = "runs", None, None
+    args.run_dir = "runs"  # no run is started: gpu.run_config only names it
     return args
 
 
