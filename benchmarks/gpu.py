@@ -43,13 +43,14 @@ import gc
 import json
 import os
 import platform
+import statistics
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import inference as inference_bench  # benchmarks/inference.py: the engine as it measures it
 import loop as loop_bench  # benchmarks/loop.py: the whole loop and the bare engine, measured
 import torch
 
@@ -121,6 +122,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--bandwidth-gbs", type=float, help="GPU memory bandwidth (default: from the device name)")
     parser.add_argument("--peak-tflops", type=float, help="peak dense bf16 TFLOPS (default: from the device name)")
     parser.add_argument("--run-dir", default="runs", help="where the loop's run directory goes")
+    parser.add_argument(
+        "--compile",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the engine's `inference.compile`; auto: time decode both ways (on a GPU) and run the rest the faster way",
+    )
     return parser.parse_args()
 
 
@@ -131,6 +138,35 @@ def device_description(cuda: bool) -> str:
         memory = f"{props.total_memory / 2**30:.0f} GiB"
         return f"{props.name}, {memory}, torch {torch.__version__}, CUDA {torch.version.cuda}"
     return f"cpu ({os.cpu_count()} cores, {platform.machine()}), torch {torch.__version__}"
+
+
+def commit() -> str | None:
+    """The checkout's commit (None where there is no git, as on a machine sent only the files)."""
+    import subprocess
+
+    try:
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+            ).stdout.strip()
+            or None
+        )
+    except OSError:
+        return None
+
+
+def package_versions() -> dict[str, str]:
+    """The versions of the packages the measurements depend on."""
+    import importlib.metadata
+
+    names = ("torch", "transformers", "peft", "triton", "ray")
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
 
 
 def device_peaks(cuda: bool, args) -> tuple[float, float, bool]:
@@ -221,38 +257,45 @@ def peak_memory_gb(device: str) -> float | None:
 
 
 def running_batch(backend, prompts: list[list[int]], max_new_tokens: int):
-    """The engine's `DecodeBatch` with every prompt a prefilled row that no token ends (no eos: -1 is no token)
+    """The engine's running batch with every prompt a prefilled row that no token ends (no eos: -1 is no token)
     before `max_new_tokens`, sampled at temperature 1."""
     from unstable.inference import SamplingConfig
-    from unstable.inference.decoding import DecodeBatch, Row
 
-    batch = DecodeBatch(
-        backend.model,
-        SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0),
-        eos_token_id=-1,
-        pad_token_id=backend.tokenizer.pad_token_id,
-        device=backend.device,
-        lora=backend.lora,
-    )
-    batch.add([Row(i, ids, None) for i, ids in enumerate(prompts)])
+    batch = backend.new_batch(SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0), eos_token_id=-1)
+    refill(batch, prompts)
     return batch
 
 
+def refill(batch, prompts: list[list[int]]) -> None:
+    """Empty `batch` (keeping its cache and captured steps) and prefill every prompt as a row."""
+    from unstable.inference.decoding import Row
+
+    batch.clear()
+    batch.add([Row(i, ids, None) for i, ids in enumerate(prompts)])
+
+
 def decode_tokens_per_s(backend, prompts: list[list[int]], sizes: Sizes) -> float:
-    """Tokens/s of the engine's decode steps with every prompt a row (prefill and warm-up steps not timed)."""
+    """Tokens/s of the engine's decode steps with every prompt a row (prefill and warm-up steps not timed). The
+    steps run twice on one batch: the first pass captures the CUDA graph of every bucket the timed second one
+    replays (a capture costs ~3 eager steps)."""
     batch = running_batch(backend, prompts, sizes.decode_warmup + sizes.decode_steps + 2)
-    for _ in range(sizes.decode_warmup):
-        batch.step()
-    synchronize(backend.device)
-    start = time.perf_counter()
-    for _ in range(sizes.decode_steps):
-        batch.step()
-    synchronize(backend.device)
-    return len(prompts) * sizes.decode_steps / (time.perf_counter() - start)
+    for _pass in ("capturing", "timed"):
+        refill(batch, prompts)
+        for _ in range(sizes.decode_warmup):
+            batch.step()
+        synchronize(backend.device)
+        start = time.perf_counter()
+        for _ in range(sizes.decode_steps):
+            batch.step()
+        synchronize(backend.device)
+        seconds = time.perf_counter() - start
+    return len(prompts) * sizes.decode_steps / seconds
 
 
-def decode_part(cfg, model_dir: Path, sizes: Sizes, bandwidth_gbs: float) -> list[dict]:
-    """A row per decode batch size: tokens/s against the weight-bandwidth bound (and the bound with KV reads)."""
+def decode_part(cfg, model_dir: Path, sizes: Sizes, bandwidth_gbs: float, compile: bool) -> list[dict]:
+    """A row per decode batch size: tokens/s against the weight-bandwidth bound and the bound with KV-cache reads,
+    of the engine as the loop builds it (slot cache, CUDA graphs on a GPU) with `inference.compile` = `compile`."""
+    from unstable.inference.transformers_backend import TransformersBackend
     from unstable.models import weight_bytes
 
     dtype_bytes = torch.finfo(getattr(torch, cfg.model.dtype)).bits // 8
@@ -262,7 +305,10 @@ def decode_part(cfg, model_dir: Path, sizes: Sizes, bandwidth_gbs: float) -> lis
     device = cfg.inference.device
     if cfg.inference.num_threads:  # as `make_backend` sets them (its GPU memory cap would hold the parts after)
         torch.set_num_threads(cfg.inference.num_threads)
-    backend = inference_bench.build_backend("transformers", model_dir, cfg.model.dtype, 1, device)
+    sampling = cfg.inference.sampling
+    backend = TransformersBackend(
+        str(model_dir), sampling, dtype=cfg.model.dtype, device=device, max_model_len=1024, compile=compile
+    )
     texts = loop_bench.game_prompts(backend.tokenizer, max(sizes.decode_batches))
     prompts = [backend.tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
     rows = []
@@ -283,10 +329,33 @@ def decode_part(cfg, model_dir: Path, sizes: Sizes, bandwidth_gbs: float) -> lis
                 "mean_context_tokens": mean_context,
             }
         )
-        print(f"  decode batch {batch}: {tokens_per_s:,.0f} tokens/s, {rows[-1]['fraction_of_bound']:.2%} of bound")
+        print(
+            f"  decode batch {batch}: {tokens_per_s:,.0f} tokens/s, {rows[-1]['fraction_of_bound']:.2%} of bound, "
+            f"{rows[-1]['fraction_of_bound_with_kv']:.2%} with KV reads"
+        )
     rows[-1]["peak_gpu_gb"] = peak_memory_gb(device)
     backend.close()
     return rows
+
+
+def decode_variants(cfg, model_dir: Path, sizes: Sizes, bandwidth_gbs: float, choice: str, cuda: bool) -> dict:
+    """`decode_part` with the engine compiled and not, as `--compile` asks (auto: both on a GPU, not compiled on
+    the CPU); a variant that fails records its error. `chosen` is the faster at the largest batch."""
+    flags = {"auto": (False, True) if cuda else (False,), "on": (True,), "off": (False,)}[choice]
+    variants: dict[str, list | str] = {}
+    for compile in flags:
+        name = "compiled" if compile else "eager"
+        try:
+            variants[name] = decode_part(cfg, model_dir, sizes, bandwidth_gbs, compile)
+        except Exception as exc:  # noqa: BLE001 - recorded, and the other variant goes on
+            print(f"  decode, {name}: failed: {exc!r}")
+            variants[name] = repr(exc)
+        release_memory(cfg.inference.device)
+    measured = {name: rows for name, rows in variants.items() if isinstance(rows, list)}
+    if not measured:
+        raise RuntimeError(f"no decode variant ran: {variants}")
+    chosen = max(measured, key=lambda name: measured[name][-1]["tokens_per_s"])
+    return {"chosen": chosen, "rows": measured[chosen], "variants": variants}
 
 
 def synthetic_steps(vocab: int, sizes: Sizes) -> list:
@@ -323,37 +392,44 @@ def update_flops(shape: ModelShape, steps: list, adapter_weights: int | None) ->
     return 4 * shape.layer_weights * tokens + 6 * adapter_weights * tokens + 4 * head * targets + attention
 
 
-def example_learner(cfg, model_dir: Path, lora: bool):
+def example_learner(cfg, model_dir: Path, lora: bool, **policy):
     """The example's learner on `model_dir`, initialized: with its LoRA adapter, or with `lora` False every weight
-    trained."""
+    trained; `policy` overrides settings of `learner.policy`."""
     from unstable.learner import Learner
 
-    policy_cfg = cfg.learner.policy if lora else cfg.learner.policy.model_copy(update={"lora": None})
+    policy_cfg = cfg.learner.policy.model_copy(update=policy | ({} if lora else {"lora": None}))
     learner_cfg = cfg.learner.model_copy(update={"policy": policy_cfg})
     learner = Learner.build(str(model_dir), learner_cfg.algorithm.build(), learner_cfg, dtype=cfg.model.dtype)
     learner.initialize()
     return learner
 
 
-def learner_part(cfg, model_dir: Path, sizes: Sizes, peak_tflops: float, lora: bool) -> dict:
-    """MFU of the example's learner (LoRA, or with `lora` False every weight) on `synthetic_steps`."""
+LEARNER_VARIANTS = {  # learner.policy settings beside the example's, each timed as learner_part times it
+    "no_checkpointing_8k": {"gradient_checkpointing": False, "micro_batch_tokens": 8192},
+    "no_checkpointing_16k": {"gradient_checkpointing": False, "micro_batch_tokens": 16384},
+}
+
+
+def learner_part(cfg, model_dir: Path, sizes: Sizes, peak_tflops: float, lora: bool, **policy) -> dict:
+    """MFU of the example's learner (LoRA, or with `lora` False every weight) on `synthetic_steps`, with `policy`
+    overriding its `learner.policy` settings."""
     from unstable.tracking import keys
 
-    learner = example_learner(cfg, model_dir, lora)
-    policy, policy_cfg = learner.policy, learner.cfg.policy
+    learner = example_learner(cfg, model_dir, lora, **policy)
+    policy_model, policy_cfg = learner.policy, learner.cfg.policy
     shape = model_shape(model_dir)
     steps = synthetic_steps(shape.vocab, sizes)
     learner.train_step(steps)  # warm-up: kernels, allocator, optimizer state
-    synchronize(policy.device)
+    synchronize(policy_model.device)
     start = time.perf_counter()
     for _ in range(sizes.learner_updates):
         metrics = learner.train_step(steps)
-    synchronize(policy.device)
+    synchronize(policy_model.device)
     seconds = (time.perf_counter() - start) / sizes.learner_updates
-    adapter_weights = sum(p.numel() for p in policy.trainable_parameters()) if lora else None
+    adapter_weights = sum(p.numel() for p in policy_model.trainable_parameters()) if lora else None
     flops = update_flops(shape, steps, adapter_weights)
     mfu = flops / seconds / (peak_tflops * 1e12)
-    print(f"  learner {'LoRA' if lora else 'full'}: {seconds:.2f} s per update, MFU {mfu:.2%}")
+    print(f"  learner {'LoRA' if lora else 'full'} {policy or ''}: {seconds:.2f} s per update, MFU {mfu:.2%}")
     return {
         "lora_rank": policy_cfg.lora.lora_rank if lora else None,
         "steps_per_update": len(steps),
@@ -364,8 +440,104 @@ def learner_part(cfg, model_dir: Path, sizes: Sizes, peak_tflops: float, lora: b
         "mfu": mfu,
         "grad_norm": metrics[keys.GRAD_NORM],
         "gradient_checkpointing": policy_cfg.gradient_checkpointing,
-        "peak_gpu_gb": peak_memory_gb(policy.device),
+        "micro_batch_tokens": policy_cfg.micro_batch_tokens,
+        "peak_gpu_gb": peak_memory_gb(policy_model.device),
     }
+
+
+def learner_variants(cfg, model_dir: Path, sizes: Sizes, peak_tflops: float) -> dict:
+    """`learner_part` of both kinds under each of `LEARNER_VARIANTS` (one that fails, out of memory say, records
+    its error), with the whole GPU (the bare engine's part capped this process at the engine's share)."""
+    if cfg.learner.device == "cuda":
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    results: dict[str, dict] = {}
+    for name, policy in LEARNER_VARIANTS.items():
+        for kind in ("lora", "full"):
+            try:
+                results[f"{kind}_{name}"] = learner_part(cfg, model_dir, sizes, peak_tflops, kind == "lora", **policy)
+            except Exception as exc:  # noqa: BLE001 - recorded; the next variant goes on
+                print(f"  learner {kind} {name}: failed: {exc!r}")
+                results[f"{kind}_{name}"] = {"error": repr(exc)}
+            release_memory(cfg.learner.device)
+    return results
+
+
+def learner_profile(cfg, model_dir: Path, sizes: Sizes, rows: int = 25) -> list[str]:
+    """torch.profiler's table of one update of the example's full fine-tuning learner (after a warm-up), the
+    operators sorted by device time (self CPU time on the CPU): where an update's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    learner = example_learner(cfg, model_dir, lora=False)
+    steps = synthetic_steps(model_shape(model_dir).vocab, sizes)
+    learner.train_step(steps)
+    device = learner.policy.device
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        learner.train_step(steps)
+        synchronize(device)
+    sort_by = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort_by, row_limit=rows, max_name_column_width=60)
+    print(table)
+    return table.splitlines()
+
+
+def weight_sync_part(cfg, model_dir: Path, sizes: Sizes, rounds: int = 3) -> dict:
+    """Seconds from the end of a learner update to the first token sampled with its weights, in one process on one
+    device: handed over in memory (`PolicyModel.served_weights` into the engine) and through a checkpoint folder
+    (save, then load from disk, as the loop did before), for a LoRA adapter and for full weights. The engine is the
+    loop's (`inference.compile` as chosen), the learner the example's; an update is `Sizes.learner_steps` rows of
+    `prompt_tokens` + 16 completion tokens."""
+    from unstable.inference import SamplingConfig
+    from unstable.inference.transformers_backend import TransformersBackend
+    from unstable.records import Checkpoint, GenerationRequest
+
+    device = cfg.inference.device
+    short = replace(sizes, completion_tokens=16)
+    result: dict[str, dict] = {}
+    for kind in ("lora", "full"):
+        backend = TransformersBackend(
+            str(model_dir),
+            SamplingConfig(max_new_tokens=1),
+            dtype=cfg.model.dtype,
+            device=device,
+            compile=cfg.inference.compile,
+        )
+        prompt = loop_bench.game_prompts(backend.tokenizer, 1, openings_only=True)[0]
+        learner = example_learner(cfg, model_dir, lora=kind == "lora")
+        steps = synthetic_steps(model_shape(model_dir).vocab, short)
+        timings: dict[str, list[float]] = {"in_memory": [], "checkpoint_folder": []}
+        with tempfile.TemporaryDirectory(prefix="gpu-bench-") as folder:
+            for round_ in range(rounds + 1):  # the first round warms up both paths
+                for path in timings:
+                    learner.train_step(steps)
+                    synchronize(device)
+                    start = time.perf_counter()
+                    uid = f"{kind}-{round_}-{path}"
+                    if path == "in_memory":
+                        config, tensors = learner.policy.served_weights()
+                        checkpoint = Checkpoint(uid, "", round_, kind)
+                        if kind == "lora":
+                            backend.load_adapter_tensors(uid, config, tensors)
+                        else:
+                            backend.load_weight_tensors(tensors)
+                    else:
+                        checkpoint = Checkpoint(uid, learner.save_checkpoint(str(Path(folder) / uid)), round_, kind)
+                        if kind == "lora":
+                            backend.load_adapter(checkpoint)
+                        else:
+                            backend.load_weights(checkpoint.path)
+                    backend.generate([GenerationRequest(prompt, checkpoint if kind == "lora" else None)])
+                    synchronize(device)
+                    if round_:
+                        timings[path].append(time.perf_counter() - start)
+                    if kind == "lora":
+                        backend.unload_adapter(uid)
+        backend.close()
+        del learner
+        release_memory(device)
+        result[kind] = {path: statistics.median(times) for path, times in timings.items()} | {"rounds": timings}
+        print(f"  weight sync {kind}: " + ", ".join(f"{p} {t:.3f} s" for p, t in result[kind].items() if p != "rounds"))
+    return result
 
 
 def bare_part(cfg, model_dir: Path, sizes: Sizes, adapter: str) -> dict:
@@ -396,29 +568,35 @@ def timed(part: str, elapsed: dict[str, float], device: str):
     print(f"[{part}] {elapsed[part]:.1f} s (total {sum(elapsed.values()):.1f} s)", flush=True)
 
 
-def headline(decode: list[dict], lora: dict, full: dict, loop: dict, bare: dict) -> dict[str, float]:
-    """The top-level fractions of the JSON."""
+def headline(decode: list[dict], lora: dict, full: dict, sync: dict, loop: dict, bare: dict) -> dict[str, float]:
+    """The top-level fractions and seconds of the JSON."""
     fractions = {f"decode_fraction_of_bound_b{row['batch']}": row["fraction_of_bound"] for row in decode}
+    fractions |= {
+        f"decode_fraction_of_bound_with_kv_b{row['batch']}": row["fraction_of_bound_with_kv"] for row in decode
+    }
     return fractions | {
         "learner_mfu_lora": lora["mfu"],
         "learner_mfu_full": full["mfu"],
+        "weight_sync_seconds_lora": sync["lora"]["in_memory"],
+        "weight_sync_seconds_full": sync["full"]["in_memory"],
         "loop_over_bare": loop["tokens_per_s"] / bare["lora"]["tokens_per_s"],
     }
 
 
 def print_table(result: dict) -> None:
-    """The headline fractions with the figures behind them."""
+    """The headline fractions and seconds with the figures behind them."""
     decode = {row["batch"]: row for row in result["decode"]}
-    loop, bare = result["loop"], result["bare"]
-    details = {
-        f"decode_fraction_of_bound_b{b}": f"{r['tokens_per_s']:,.0f} of {r['bound_tokens_per_s']:,.0f} tok/s"
-        for b, r in decode.items()
-    }
+    loop, bare, sync = result["loop"], result["bare"], result["weight_sync"]
+    details = {}
+    for b, r in decode.items():
+        details[f"decode_fraction_of_bound_b{b}"] = f"{r['tokens_per_s']:,.0f} of {r['bound_tokens_per_s']:,.0f} tok/s"
+        details[f"decode_fraction_of_bound_with_kv_b{b}"] = f"{r['kv_bytes_per_step'] / 1e9:.2f} GB of KV per step"
     for kind in ("lora", "full"):
         learner = result["learner"][kind]
         details[f"learner_mfu_{kind}"] = (
             f"{learner['seconds_per_update']:.2f} s / {learner['tokens_per_update']:,} tokens"
         )
+        details[f"weight_sync_seconds_{kind}"] = f"through a checkpoint folder: {sync[kind]['checkpoint_folder']:.3f} s"
     details["loop_over_bare"] = (
         f"{loop['tokens_per_s']:,.0f} vs {bare['lora']['tokens_per_s']:,.0f} tok/s @ {loop['workers']} "
         f"(base model: {bare['base']['tokens_per_s']:,.0f})"
@@ -426,10 +604,13 @@ def print_table(result: dict) -> None:
     nominal = " (nominal peaks: only shows the code runs)" if result["nominal_peaks"] else ""
     total = sum(result["elapsed_s"].values())
     print(f"\n{result['device']}; {result['bandwidth_gbs']:,.0f} GB/s, {result['peak_tflops']:,.0f} TFLOPS{nominal}")
-    print(f"{total:.0f} s in all: " + ", ".join(f"{part} {s:.0f} s" for part, s in result["elapsed_s"].items()))
-    print(f"{'measure':<32}{'fraction':>10}  detail")
+    print(
+        f"decode {result['decode_engine']}; {total:.0f} s in all: "
+        + ", ".join(f"{part} {s:.0f} s" for part, s in result["elapsed_s"].items())
+    )
+    print(f"{'measure':<40}{'value':>10}  detail")
     for key, detail in details.items():
-        print(f"{key:<32}{result[key]:>10.4f}  {detail}")
+        print(f"{key:<40}{result[key]:>10.4f}  {detail}")
 
 
 def main() -> None:
@@ -446,6 +627,8 @@ def main() -> None:
     elapsed: dict[str, float] = {}
     result = {
         "device": device_description(cuda),
+        "commit": os.environ.get("UNSTABLE_COMMIT") or commit(),
+        "packages": package_versions(),
         "complete": False,
         "smoke": args.smoke,
         "nominal_peaks": nominal,
@@ -464,7 +647,11 @@ def main() -> None:
     model_name = model_dir.relative_to(ROOT) if model_dir.is_relative_to(ROOT) else model_dir  # no machine paths
     result |= {"model": str(model_name), "dtype": cfg.model.dtype}
     with timed("decode", elapsed, device):
-        result["decode"] = decode_part(cfg, model_dir, sizes, bandwidth_gbs)
+        decode = decode_variants(cfg, model_dir, sizes, bandwidth_gbs, args.compile, cuda)
+    result |= {"decode": decode["rows"], "decode_engine": decode["chosen"], "decode_variants": decode["variants"]}
+    cfg = cfg.model_copy(
+        update={"inference": cfg.inference.model_copy(update={"compile": decode["chosen"] == "compiled"})}
+    )
     save()
     result["learner"] = {}
     with timed("learner LoRA", elapsed, device):
@@ -472,6 +659,9 @@ def main() -> None:
     save()
     with timed("learner full", elapsed, device):
         result["learner"]["full"] = learner_part(cfg, model_dir, sizes, peak_tflops, lora=False)
+    save()
+    with timed("weight sync", elapsed, device):
+        result["weight_sync"] = weight_sync_part(cfg, model_dir, sizes)
     save()
     with timed("loop", elapsed, device):
         loop = result["loop"] = loop_bench.measure_loop(cfg)
@@ -481,8 +671,16 @@ def main() -> None:
     save()
     with timed("bare engine", elapsed, device):
         bare = result["bare"] = bare_part(cfg, model_dir, sizes, loop["last_checkpoint"])
-    result = headline(result["decode"], result["learner"]["lora"], result["learner"]["full"], loop, bare) | result
-    result |= {"complete": True, "loop_over_bare_base": loop["tokens_per_s"] / bare["base"]["tokens_per_s"]}
+    learner = result["learner"]
+    result = headline(result["decode"], learner["lora"], learner["full"], result["weight_sync"], loop, bare) | result
+    result["loop_over_bare_base"] = loop["tokens_per_s"] / bare["base"]["tokens_per_s"]
+    save()
+    with timed("learner variants", elapsed, device):
+        result["learner_variants"] = learner_variants(cfg, model_dir, sizes, peak_tflops)
+    save()
+    with timed("learner profile", elapsed, device):
+        result["learner_profile"] = learner_profile(cfg, model_dir, sizes)
+    result["complete"] = True
     save()
     print_table(result)
     print(f"\nwritten to {out}")

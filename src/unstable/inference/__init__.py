@@ -41,6 +41,8 @@ def make_backend(
             max_model_len=cfg.max_model_len,
             prefix_cache_tokens=cfg.prefix_cache_tokens,
             seed=seed,
+            cuda_graphs=cfg.cuda_graphs and cfg.device == "cuda",
+            compile=cfg.compile,
         )
     from unstable.inference.vllm_backend import VLLMBackend
 

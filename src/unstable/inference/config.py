@@ -28,6 +28,16 @@ class InferenceConfig(Settings):
     prefix_cache_tokens: int = Field(
         8192, ge=0, description="prompt-prefix KV cache of the transformers engine, in tokens (0: off)"
     )
+    cuda_graphs: bool = Field(
+        True,
+        description="transformers engine on a GPU: replay each decode step as a CUDA graph captured per batch and "
+        "context-length bucket (Llama-family models; others decode eagerly)",
+    )
+    compile: bool = Field(
+        False,
+        description="transformers engine: `torch.compile` the decode step (fused kernels; about a minute of "
+        "compiling when the engine starts serving)",
+    )
     num_threads: int | None = Field(
         1, ge=1, le=MAX_THREADS, description="torch threads of the inference process (None: torch's choice)"
     )

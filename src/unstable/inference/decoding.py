@@ -72,7 +72,8 @@ def top_p_nucleus(probs: torch.Tensor, top_p: float | torch.Tensor) -> torch.Ten
 
 
 class DecodeBatch:
-    """The running batch of a continuously batching engine (see the module docstring)."""
+    """The running batch of a continuously batching engine (see the module docstring); its KV cache is `cache`, a
+    `PaddedCache` or a `slot_cache.SlotCache`."""
 
     def __init__(
         self,
@@ -82,6 +83,7 @@ class DecodeBatch:
         eos_token_id: int,
         pad_token_id: int,
         device: str,
+        cache=None,
         prefix_cache: PrefixCache | None = None,
         lora: LoRASlots | None = None,
         generator: torch.Generator | None = None,
@@ -94,14 +96,17 @@ class DecodeBatch:
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.device = device
-        self.rows: list[Row] = []
-        self.cache = None  # a DynamicCache whose layers hold (B, heads, L, head_dim) keys and values
-        self.mask = torch.zeros(0, 0, dtype=torch.long, device=device)  # (B, L): 1 where the cache holds a token
-        self.positions = torch.zeros(0, dtype=torch.long, device=device)  # (B,) position of each row's next token
-        self.next_tokens = torch.zeros(0, dtype=torch.long, device=device)  # (B,) sampled, not yet in the cache
+        self.cache = cache if cache is not None else PaddedCache(model, device)
+        self.clear()
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def clear(self) -> None:
+        """Forget every row (after a failed step; their callers were told)."""
+        self.rows: list[Row] = []
+        self.next_tokens = torch.zeros(0, dtype=torch.long, device=self.device)  # (B,) sampled, not yet cached
+        self.cache.clear()
 
     def adapters_in_use(self) -> set[str]:
         """The adapters the running rows use."""
@@ -129,10 +134,14 @@ class DecodeBatch:
             [[0] * (width - len(f)) + list(range(n, n + len(f))) for n, f in zip(skip, fresh)], device=self.device
         )  # (N, W)
         cache = self._prefix_kv(cached, past_width)
-        logits = self._forward(ids, mask, positions, cache, [r.adapter for r in rows])  # (N, V)
+        if self.lora is not None:
+            self.lora.select([r.adapter for r in rows])
+        logits = model_forward(self.model, ids, mask, positions, cache)  # (N, V)
         if self.prefix_cache is not None:
             self._store_prefixes(rows, skip, fresh, cache, past_width + width)
-        self._merge(rows, cache, mask, positions[:, -1] + 1)
+        lengths = [len(r.prompt) for r in rows]
+        self.cache.append(cache, mask, lengths, max(lengths) + self.sampling.max_new_tokens)
+        self.rows += rows
         return self._record(logits, first_new_row=len(self.rows) - len(rows))
 
     def _prefix_kv(self, cached: list[list[BlockKV]], past_width: int):
@@ -161,26 +170,9 @@ class DecodeBatch:
         """One decode step for every row; returns (and removes) the rows that finished."""
         if not self.rows:
             return []
-        ones = torch.ones(len(self.rows), 1, dtype=self.mask.dtype, device=self.device)
-        self.mask = torch.cat([self.mask, ones], dim=1)  # (B, L + 1)
-        adapters = [row.adapter for row in self.rows]
-        logits = self._forward(self.next_tokens[:, None], self.mask, self.positions[:, None], self.cache, adapters)
-        self.positions = self.positions + 1
-        return self._record(logits, first_new_row=0)
-
-    def _forward(self, ids, mask, positions, cache, adapters: list[str | None]) -> torch.Tensor:
         if self.lora is not None:
-            self.lora.select(adapters, self.device)
-        with sdpa_kernel(ATTENTION_BACKENDS):
-            out = self.model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-        return out.logits[:, -1]  # (B, V)
+            self.lora.select([row.adapter for row in self.rows])
+        return self._record(self.cache.decode(self.next_tokens), first_new_row=0)
 
     def _record(self, logits: torch.Tensor, first_new_row: int) -> list[Row]:
         """Sample the next token of rows `first_new_row:` from their logits, append it, drop finished rows."""
@@ -197,17 +189,81 @@ class DecodeBatch:
         return self._drop_finished()
 
     def _drop_finished(self) -> list[Row]:
-        finished = [row for row in self.rows if row.finish_reason]
+        finished = [i for i, row in enumerate(self.rows) if row.finish_reason]
         if not finished:
             return []
-        keep = [i for i, row in enumerate(self.rows) if not row.finish_reason]
+        done = [self.rows[i] for i in finished]
+        order = self.cache.remove(finished)
+        self.rows = [self.rows[i] for i in order]
+        self.next_tokens = self.next_tokens[torch.tensor(order, dtype=torch.long, device=self.device)]
+        return done
+
+
+def model_forward(model, ids, mask, positions, cache) -> torch.Tensor:
+    """The model's forward pass over `ids` (B, T) into `cache`; the last position's logits (B, V)."""
+    with sdpa_kernel(ATTENTION_BACKENDS):
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    return out.logits[:, -1]  # (B, V)
+
+
+class PaddedCache:
+    """The running batch's KV cache as transformers' DynamicCache, left-padded to one length: any architecture whose
+    cache is plain per-layer keys and values (`supports_continuous_batching`). Joining rows are padded to the
+    longest, every decode step appends a column to every row, and columns no remaining row attends to are trimmed."""
+
+    def __init__(self, model, device: str):
+        self.model = model
+        self.device = device
+        self.clear()
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def clear(self) -> None:
+        """Hold no row."""
+        self.cache = None  # a DynamicCache whose layers hold (B, heads, L, head_dim) keys and values
+        self.mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # (B, L): 1 where a token is cached
+        self.positions = torch.zeros(0, dtype=torch.long, device=self.device)  # (B,) position of each next token
+
+    def append(self, cache, mask: torch.Tensor, lengths: list[int], max_length: int) -> None:
+        """Add prefilled rows: the prefill's `cache` and `mask` `(N, C)`, each row holding `lengths[i]` tokens
+        (`max_length`, the room they need, is for caches that preallocate)."""
+        positions = torch.tensor(lengths, device=self.device)
+        if not len(self):
+            self.cache, self.mask, self.positions = cache, mask, positions
+            return
+        width = max(self.mask.shape[1], mask.shape[1])
+        for old, new in zip(self.cache.layers, cache.layers):
+            old.keys = torch.cat([_pad_left(old.keys, width, 2), _pad_left(new.keys, width, 2)])
+            old.values = torch.cat([_pad_left(old.values, width, 2), _pad_left(new.values, width, 2)])
+        self.mask = torch.cat([_pad_left(self.mask, width, 1), _pad_left(mask, width, 1)])  # (B + N, width)
+        self.positions = torch.cat([self.positions, positions])
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits `(B, V)` of one decode step of every row, `tokens` `(B,)` their last sampled tokens."""
+        ones = torch.ones(len(self), 1, dtype=self.mask.dtype, device=self.device)
+        self.mask = torch.cat([self.mask, ones], dim=1)  # (B, L + 1)
+        logits = model_forward(self.model, tokens[:, None], self.mask, self.positions[:, None], self.cache)
+        self.positions = self.positions + 1
+        return logits
+
+    def remove(self, finished: list[int]) -> list[int]:
+        """Drop rows `finished` (indices); returns the remaining rows' old indices, in their (unchanged) order."""
+        gone = set(finished)
+        keep = [i for i in range(len(self)) if i not in gone]
         index = torch.tensor(keep, dtype=torch.long, device=self.device)
-        self.rows = [self.rows[i] for i in keep]
-        self.mask, self.positions, self.next_tokens = self.mask[index], self.positions[index], self.next_tokens[index]
+        self.mask, self.positions = self.mask[index], self.positions[index]
         for layer in self.cache.layers:
             layer.keys, layer.values = layer.keys[index], layer.values[index]
         self._trim_left_padding()
-        return finished
+        return keep
 
     def _trim_left_padding(self) -> None:
         """Drop cache columns that no remaining row attends to (left padding of rows that left)."""
@@ -217,19 +273,6 @@ class DecodeBatch:
             self.mask = self.mask[:, first:]
             for layer in self.cache.layers:
                 layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
-
-    def _merge(self, rows: list[Row], cache, mask: torch.Tensor, positions: torch.Tensor) -> None:
-        """Append prefilled rows to the batch, left-padding the shorter cache so both have one length."""
-        if not self.rows:
-            self.rows, self.cache, self.mask, self.positions = list(rows), cache, mask, positions
-            return
-        width = max(self.mask.shape[1], mask.shape[1])
-        for old, new in zip(self.cache.layers, cache.layers):
-            old.keys = torch.cat([_pad_left(old.keys, width, 2), _pad_left(new.keys, width, 2)])
-            old.values = torch.cat([_pad_left(old.values, width, 2), _pad_left(new.values, width, 2)])
-        self.mask = torch.cat([_pad_left(self.mask, width, 1), _pad_left(mask, width, 1)])  # (B + N, width)
-        self.positions = torch.cat([self.positions, positions])
-        self.rows += rows
 
 
 def _row_prefix(blocks: list[BlockKV], layer: int, which: int, like: torch.Tensor, width: int) -> torch.Tensor:

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from unstable.inference import decoding
 from unstable.inference.base import (
     GenerationRequest,
     GenerationResult,
@@ -15,9 +16,10 @@ from unstable.inference.base import (
     prompt_fits,
     prompt_too_long,
 )
-from unstable.inference.decoding import DecodeBatch, Row, supports_continuous_batching
+from unstable.inference.decoding import DecodeBatch, PaddedCache, Row, supports_continuous_batching
 from unstable.inference.lora import LoRASlots
 from unstable.inference.prefix_cache import PrefixCache
+from unstable.inference.slot_cache import SlotCache, supports_slot_decoding
 from unstable.records import Checkpoint
 
 
@@ -27,6 +29,11 @@ class TransformersBackend(InferenceBackend):
 
     The server drives its continuous batch with `add` and `step`; `generate` completes a batch on its own. Tokens
     are sampled from the engine's own generator, seeded with `seed` (torch's global RNG is left alone).
+
+    A Llama-family model decodes over preallocated KV slots (`slot_cache.py`): with `cuda_graphs` (None: on a GPU)
+    each decode step runs at its bucket's static shape, a replayed CUDA graph on a GPU (run eagerly on the CPU),
+    compiled first with `compile`; `slot_cache=False` keeps transformers' padded dynamic cache, which other
+    architectures use.
     """
 
     def __init__(
@@ -39,6 +46,9 @@ class TransformersBackend(InferenceBackend):
         max_model_len: int = 4096,
         prefix_cache_tokens: int = 8192,
         seed: int = 0,
+        cuda_graphs: bool | None = None,
+        compile: bool = False,
+        slot_cache: bool = True,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -58,7 +68,11 @@ class TransformersBackend(InferenceBackend):
             )
         self.lora = LoRASlots(self.model)
         self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
-        self._running = self._new_batch()
+        self.slot_cache = slot_cache and supports_slot_decoding(self.model)
+        self.cuda_graphs = device.startswith("cuda") if cuda_graphs is None else cuda_graphs
+        self.compile = compile
+        self._running = self.new_batch()
+        self._private: DecodeBatch | None = None  # `generate`'s own batch, made on first use
 
     @property
     def adapters(self) -> set[str]:
@@ -78,20 +92,30 @@ class TransformersBackend(InferenceBackend):
             if self.prefix_cache is not None:
                 self.prefix_cache.drop_adapter(uid)
 
+    def load_adapter_tensors(self, uid: str, config: dict, weights: dict) -> None:
+        """Put an adapter handed over in memory (PEFT's config and tensors) into a slot under `uid`."""
+        if uid not in self.adapters:
+            self.lora.load_tensors(uid, config, weights)
+
     def load_weights(self, path: str) -> None:
         """Load full fine-tuned weights (a `save_pretrained` directory) into the base model in place."""
         from transformers import AutoModelForCausalLM
 
+        self.load_weight_tensors(AutoModelForCausalLM.from_pretrained(path, dtype=self.model.dtype).state_dict())
+
+    def load_weight_tensors(self, state: dict) -> None:
+        """Copy full fine-tuned weights (a state dict of this model's names) into the base model in place, so the
+        captured decode steps read them."""
         if self.adapters:
             raise RuntimeError("full-weight sync while LoRA adapters are loaded is not supported")
-        new_state = AutoModelForCausalLM.from_pretrained(path, dtype=self.model.dtype).state_dict()
-        self.model.load_state_dict(new_state)
+        self.model.load_state_dict(state)
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Complete a batch of requests (a private running batch: rows join at once and leave as they finish)."""
-        batch = self._new_batch()
+        batch = self._private = self._private or self.new_batch()
+        batch.clear()
         results: dict[int, GenerationResult] = dict(self._admit(batch, list(enumerate(requests))))
         while len(batch):
             results.update(self._results(batch.step()))
@@ -116,15 +140,23 @@ class TransformersBackend(InferenceBackend):
 
     def clear(self) -> None:
         """Forget every running row (after a failed step; their callers were told)."""
-        self._running = self._new_batch()
+        self._running.clear()
 
-    def _new_batch(self) -> DecodeBatch:
+    def new_batch(self, sampling: SamplingConfig | None = None, eos_token_id: int | None = None) -> DecodeBatch:
+        """A running batch of this engine with its own KV cache (and captured steps), sampling by `sampling` and
+        ending rows at `eos_token_id` (defaults: the engine's; -1 ends none)."""
+        if self.slot_cache:
+            graphs = dict(graphs=self.cuda_graphs, compile=self.compile)
+            cache = SlotCache(self.model, self.device, decoding.ATTENTION_BACKENDS, self.lora, **graphs)
+        else:
+            cache = PaddedCache(self.model, self.device)
         return DecodeBatch(
             self.model,
-            self.sampling,
-            eos_token_id=self.tokenizer.eos_token_id,
+            sampling or self.sampling,
+            eos_token_id=self.tokenizer.eos_token_id if eos_token_id is None else eos_token_id,
             pad_token_id=self.tokenizer.pad_token_id,
             device=self.device,
+            cache=cache,
             prefix_cache=self.prefix_cache,
             lora=self.lora,
             generator=self.generator,

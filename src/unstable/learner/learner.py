@@ -70,7 +70,9 @@ class Learner:
         self.policy.load()
         self.parallel.shard_model(self.policy.scoring, self.policy.model)
         rate = self.cfg.optimizer.learning_rate  # "base_lr": the rate the schedule scales (_schedule_learning_rate)
-        self.optimizer = torch.optim.AdamW([{"params": self.policy.trainable_parameters(), "base_lr": rate}], lr=rate)
+        groups = [{"params": self.policy.trainable_parameters(), "base_lr": rate}]
+        fused = self.device.startswith("cuda") and not self.parallel.sharded  # one kernel for every weight's update
+        self.optimizer = torch.optim.AdamW(groups, lr=rate, fused=fused or None)
         self.algorithm.initialize(self)
         self.parallel.broadcast_parameters(self._parameters())
 

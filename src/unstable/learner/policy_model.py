@@ -261,17 +261,32 @@ class PolicyModel:
     def _save_full_model(self, directory: Path, weights: dict[str, torch.Tensor]) -> None:
         """Every one of `weights` cast to the model dtype (what the engines load; for a bf16 model half the bytes of its
         float32 masters), the config saying so, and the tokenizer."""
-        dtype = getattr(torch, self.dtype)
-        cast: dict[int, torch.Tensor] = {}  # by address: tied weights stay one tensor, which is saved once
-        state = {}
-        for name, weight in weights.items():
-            if weight.data_ptr() not in cast:
-                cast[weight.data_ptr()] = weight.to("cpu", dtype) if weight.is_floating_point() else weight
-            state[name] = cast[weight.data_ptr()]
-        self.model.save_pretrained(directory, state_dict=state)
+        self.model.save_pretrained(directory, state_dict=self._served_state(weights, "cpu"))
         self.model.config.dtype = self.dtype  # save_pretrained wrote the masters' float32
         self.model.config.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
+
+    def served_weights(self) -> tuple[dict | None, dict[str, torch.Tensor]]:
+        """What an engine serves of the current policy, handed over in memory instead of as a checkpoint folder, on
+        the learner's device: a LoRA adapter's PEFT config and tensors (as `save` writes them), or (None and) every
+        weight cast to the model dtype."""
+        if self.cfg.lora is None:
+            return None, self._served_state(self.model.state_dict(), self.device)
+        from peft import get_peft_model_state_dict
+
+        config = self.model.peft_config["default"].to_dict()
+        return config, {name: w.detach().clone() for name, w in get_peft_model_state_dict(self.model).items()}
+
+    def _served_state(self, weights: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
+        """`weights` cast to the model dtype on `device`; tied weights stay one tensor."""
+        dtype = getattr(torch, self.dtype)
+        cast: dict[int, torch.Tensor] = {}  # by address
+        state = {}
+        for name, weight in weights.items():
+            if weight.data_ptr() not in cast:
+                cast[weight.data_ptr()] = weight.detach().to(device, dtype) if weight.is_floating_point() else weight
+            state[name] = cast[weight.data_ptr()]
+        return state
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """Copies of the whole trainable weights by name (what an update changes); a sharded model's gathered onto

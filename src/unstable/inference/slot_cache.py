@@ -1,0 +1,269 @@
+"""Decoding over a preallocated KV cache, each decode step one CUDA graph replay on a GPU (gpt-fast's recipe).
+
+A `SlotCache` gives every running row a slot of preallocated key and value tensors, `(layers, slots, length,
+kv_heads, head_dim)`: the row's token at position p sits in column p of its slot, so a decode step writes one column
+per row in place; nothing is padded or concatenated (the `PaddedCache` of `decoding.py` copies its whole cache at
+every step). The rows hold slots 0..B-1: a row that leaves hands its slot to the last row.
+
+The decode step is this module's own pass over the model's layers (`decode_forward`, for the Llama-family decoders of
+`SUPPORTED_MODEL_TYPES`; the prefill stays the model's own forward). It reads the first `Lb` columns of the first `Bb`
+slots, `Bb` and `Lb` the batch and length buckets at or above the batch's rows and its longest context, each row
+attending to its own columns through a mask. On a GPU the step for each (Bb, Lb) is captured once as a CUDA graph and
+replayed: one launch instead of ~1,600 kernel launches whose CPU time bound the step (docs/hardware.md). With
+`compile` the pass is compiled by `torch.compile` first (fused elementwise kernels: fewer, shorter kernels in each
+graph). On the CPU the same pass runs eagerly on the exact batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+LENGTH_STEP = 32  # columns per length bucket up to 1,024
+MIN_COLUMNS = 256  # the cache's first allocation, in columns (it grows by doubling)
+MIN_BUCKET = 2  # the smallest captured batch: torch.compile specializes a dimension of size 1 (a second compile)
+
+
+def supports_slot_decoding(model) -> bool:
+    """Whether `decode_forward` computes `model`'s decode step: a Llama-family decoder whose every layer attends to
+    the whole context, with rotary embeddings that do not change with the sequence length."""
+    config = model.config
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        return False
+    layer_types = getattr(config, "layer_types", None)
+    windowed = (
+        any(t != "full_attention" for t in layer_types) if layer_types else getattr(config, "sliding_window", None)
+    )
+    rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    return not windowed and rope_type not in ("dynamic", "longrope")
+
+
+def batch_bucket(rows: int) -> int:
+    """The captured batch size serving `rows` rows: powers of two up to 8, then multiples of 8, 16 past 64, 32 past
+    256 (at most 1/8 of a step's rows are padding past 8)."""
+    if rows <= 8:
+        return 1 << (rows - 1).bit_length()
+    step = 8 if rows <= 64 else 16 if rows <= 256 else 32
+    return -(-rows // step) * step
+
+
+def length_bucket(columns: int) -> int:
+    """The captured context length covering `columns` columns: a multiple of `LENGTH_STEP`, and past 1,024 columns
+    of 1/32 of the power of two at or below `columns` (32 buckets an octave: past 1,024, less than 1/16 of the
+    columns a step reads lie beyond the longest row)."""
+    step = max(LENGTH_STEP, 1 << max(columns.bit_length() - 6, 0))
+    return -(-columns // step) * step
+
+
+def decode_forward(model, tokens, positions, keys, values, length: int) -> torch.Tensor:
+    """Logits `(B, V)` of one decode step: row b's token `tokens[b]` at position `positions[b]` of slot b. Writes each
+    row's key and value into `keys`, `values` `(layers, slots, columns, kv_heads, head_dim)` at its position and
+    attends over the slot's first `length` columns, those up to its position."""
+    decoder = model.model
+    slots = torch.arange(tokens.shape[0], device=tokens.device)  # (B,)
+    hidden = decoder.embed_tokens(tokens[:, None])  # (B, 1, H)
+    cos, sin = decoder.rotary_emb(hidden, positions[:, None])  # (B, 1, head_dim): broadcast over heads
+    visible = torch.arange(length, device=tokens.device) <= positions[:, None]  # (B, Lb)
+    mask = torch.zeros(visible.shape, dtype=hidden.dtype, device=hidden.device).masked_fill(~visible, -torch.inf)
+    at = (slots, positions)
+    for index, layer in enumerate(decoder.layers):
+        attend = (keys[index], values[index], at, mask[:, None, None], length)
+        hidden = hidden + _attention(layer.self_attn, _normed(layer.input_layernorm, hidden), cos, sin, *attend)
+        hidden = hidden + layer.mlp(_normed(layer.post_attention_layernorm, hidden))
+    return model.lm_head(_normed(decoder.norm, hidden))[:, 0]  # (B, V)
+
+
+def _attention(attn, x, cos, sin, keys, values, at, mask, length: int) -> torch.Tensor:
+    """One layer's self-attention output `(B, 1, H)` for the decode step's `x` `(B, 1, H)`."""
+    batch, head_dim = x.shape[0], attn.head_dim
+    q = attn.q_proj(x).view(batch, -1, head_dim)  # (B, Hq, D)
+    k = attn.k_proj(x).view(batch, -1, head_dim)  # (B, Hkv, D)
+    v = attn.v_proj(x).view(batch, -1, head_dim)
+    if hasattr(attn, "q_norm"):  # Qwen3 normalises each head's query and key
+        q, k = _normed(attn.q_norm, q), _normed(attn.k_norm, k)
+    q, k = _rotated(q, cos, sin), _rotated(k, cos, sin)
+    keys[at], values[at] = k, v  # column `position` of each row's slot
+    kv_heads = k.shape[1]
+    grouped = q.reshape(batch, kv_heads, -1, head_dim)  # (B, Hkv, G, D): query head h reads key head h // G
+    context = keys[:batch, :length].transpose(1, 2), values[:batch, :length].transpose(1, 2)  # (B, Hkv, Lb, D)
+    out = F.scaled_dot_product_attention(grouped, *context, attn_mask=mask, scale=attn.scaling)  # (B, Hkv, G, D)
+    return attn.o_proj(out.reshape(batch, 1, -1))
+
+
+def _normed(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`norm(x)` of an RMSNorm layer in fewer kernels: normalised in float32 by one `rms_norm`, cast back to `x`'s
+    dtype, then scaled by the layer's weight, as transformers' Llama-family norms compute it."""
+    eps = getattr(norm, "variance_epsilon", None)
+    if eps is None:  # a norm this pass does not know: its own forward
+        return norm(x)
+    return norm.weight * F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype)
+
+
+def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding, the Llama way (the two halves of each head rotated)."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), dim=-1) * sin
+
+
+class SlotCache:
+    """The running batch's KV cache as preallocated slots (see the module docstring); with `graphs` each decode step
+    runs at its (batch, length) bucket's static shape, captured as a CUDA graph on a GPU (on the CPU run eagerly,
+    for tests), and `compile` compiles the step first. `attention` lists the attention
+    kernels the step may use; `lora` is the model's batched LoRA (a graph is captured again when its tensors are
+    replaced)."""
+
+    def __init__(self, model, device: str, attention, lora, *, graphs: bool = False, compile: bool = False):
+        self.model = model
+        self.device = device
+        self.attention = attention
+        self.lora = lora
+        self.graphs = graphs
+        self.forward = torch.compile(decode_forward, dynamic=True) if compile else decode_forward
+        config = model.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.row_shape = (config.num_key_value_heads, head_dim)
+        self.layers = config.num_hidden_layers
+        self.keys = self.values = self._zeros(0, 0)
+        self.positions: list[int] = []  # each row's next position (its tokens in the cache), on the CPU
+        self.position_buffer = torch.zeros(0, dtype=torch.long, device=device)  # (slots,) the same, on the device
+        self.token_buffer = torch.zeros(0, dtype=torch.long, device=device)  # (slots,) the step's input tokens
+        self.logit_buffer: torch.Tensor | None = None  # (slots, V): where every captured step writes its logits
+        self._generation = 0  # changes whenever the cache's tensors are replaced
+        self._captured: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._pool = None  # the captured graphs' shared memory pool
+        self._captured_for = None  # (generation, LoRA version) the graphs were captured with
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def clear(self) -> None:
+        """Hold no row (the slots' tensors and captured graphs stay for the next rows)."""
+        self.positions = []
+
+    def append(self, cache, mask: torch.Tensor, lengths: list[int], max_length: int) -> None:
+        """Give each prefilled row a slot: row i of the prefill's `cache` (a DynamicCache, `(N, heads, C, head_dim)`
+        per layer) holds its tokens in the columns where `mask` `(N, C)` is 1, `lengths[i]` of them; the slots get
+        room for `max_length` columns."""
+        first = len(self.positions)
+        self._reserve(first + len(lengths), max_length)
+        rows, columns = mask.nonzero(as_tuple=True)  # every cached token of every new row
+        at = (rows + first, (mask.cumsum(1) - 1)[rows, columns])  # its slot and position
+        for layer, prefilled in enumerate(cache.layers):
+            self.keys[layer][at] = prefilled.keys[rows, :, columns]  # (tokens, heads, head_dim)
+            self.values[layer][at] = prefilled.values[rows, :, columns]
+        self.position_buffer[first : first + len(lengths)] = torch.tensor(lengths, device=self.device)
+        self.positions += lengths
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits `(B, V)` of one decode step of every row, `tokens` `(B,)` their last sampled tokens."""
+        batch, length = len(self.positions), length_bucket(max(self.positions) + 1)
+        if self.graphs:
+            logits = self._replay(tokens, batch, length)
+        else:
+            with sdpa_kernel(self.attention):
+                args = (tokens, self.position_buffer[:batch], self.keys, self.values, length)
+                logits = self.forward(self.model, *args)
+        self.position_buffer[:batch] += 1
+        self.positions = [p + 1 for p in self.positions]
+        return logits
+
+    def remove(self, finished: list[int]) -> list[int]:
+        """Free the slots of rows `finished` (indices), moving the last rows into freed slots below the new count;
+        returns the rows' new order (`order[i]`: the old index of the row now at i)."""
+        survivors = len(self.positions) - len(finished)
+        gone = set(finished)
+        holes = [i for i in sorted(finished) if i < survivors]
+        movers = [i for i in range(survivors, len(self.positions)) if i not in gone]
+        order = list(range(survivors))
+        if holes:
+            to, source = torch.tensor(holes, device=self.device), torch.tensor(movers, device=self.device)
+            used = max(self.positions[i] for i in movers)  # columns the moving rows hold
+            self.keys[:, to, :used] = self.keys[:, source, :used]
+            self.values[:, to, :used] = self.values[:, source, :used]
+            self.position_buffer[to] = self.position_buffer[source]
+            for hole, mover in zip(holes, movers):
+                order[hole] = mover
+        self.positions = [self.positions[i] for i in order]
+        return order
+
+    def _reserve(self, rows: int, columns: int) -> None:
+        """Grow the cache (copying what it holds) to at least `rows` slots of `columns` columns."""
+        slots, width = self.keys.shape[1], self.keys.shape[2]
+        if rows <= slots and columns <= width:
+            return
+        slots, width = max(slots, batch_bucket(rows), MIN_BUCKET), max(width, MIN_COLUMNS)
+        while width < columns:
+            width *= 2
+        self.keys, self.values = self._grown(self.keys, slots, width), self._grown(self.values, slots, width)
+        self.position_buffer = _grown_vector(self.position_buffer, slots)
+        self.token_buffer = _grown_vector(self.token_buffer, slots)
+        self.lora.reserve(slots)  # a padded step's rows read their LoRA weights too
+        self._generation += 1
+
+    def _zeros(self, slots: int, width: int) -> torch.Tensor:
+        dtype = self.model.dtype
+        return torch.zeros(self.layers, slots, width, *self.row_shape, dtype=dtype, device=self.device)
+
+    def _grown(self, old: torch.Tensor, slots: int, width: int) -> torch.Tensor:
+        new = self._zeros(slots, width)
+        new[:, : old.shape[1], : old.shape[2]] = old
+        return new
+
+    def _replay(self, tokens: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+        """The step as the captured graph of its (batch, length) bucket, captured first if new; padding rows read
+        position 0 of their free slots."""
+        bucket = max(batch_bucket(batch), MIN_BUCKET)
+        self.token_buffer[:batch] = tokens
+        self.position_buffer[batch:bucket] = 0
+        graph = self._graph(bucket, length)
+        graph.replay()
+        return self.logit_buffer[:batch]
+
+    def _graph(self, bucket: int, length: int):
+        captured_for = (self._generation, self.lora.version)
+        if captured_for != self._captured_for:  # the cache or the LoRA tensors were replaced
+            pool = torch.cuda.graph_pool_handle() if self.device.startswith("cuda") else None
+            self._captured, self._pool, self._captured_for = {}, pool, captured_for
+            vocab = self.model.config.vocab_size
+            self.logit_buffer = torch.empty(self.keys.shape[1], vocab, dtype=self.model.dtype, device=self.device)
+        if (bucket, length) not in self._captured:
+            self._captured[(bucket, length)] = self._capture(bucket, length)
+        return self._captured[(bucket, length)]
+
+    def _capture(self, bucket: int, length: int):
+        """The step of `bucket` rows over `length` columns as a CUDA graph (captured after two warm-up runs on a side
+        stream, which compile it if it is compiled and write the same keys and values the replay then writes); on
+        the CPU the same step, run eagerly at each replay."""
+        args = (self.token_buffer[:bucket], self.position_buffer[:bucket], self.keys, self.values, length)
+
+        def step():
+            with sdpa_kernel(self.attention):
+                self.logit_buffer[:bucket] = self.forward(self.model, *args)
+
+        if not self.device.startswith("cuda"):
+            return _Uncaptured(step)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            step()
+        return graph
+
+
+class _Uncaptured:
+    """A step the CPU runs eagerly where a GPU replays its graph."""
+
+    def __init__(self, step):
+        self.replay = step
+
+
+def _grown_vector(old: torch.Tensor, size: int) -> torch.Tensor:
+    new = old.new_zeros(size)
+    new[: len(old)] = old
+    return new

@@ -1,0 +1,158 @@
+"""Decoding over preallocated KV slots (`inference/slot_cache.py`) gives the padded dynamic cache's tokens and
+log-probs: eagerly on the exact batch, at bucketed static shapes (the CUDA-graph path, run uncaptured on the CPU) and
+compiled, with rows joining and leaving, mixed LoRA adapters and prefix-cache hits."""
+
+import pytest
+import torch
+
+from unstable.games import get_template
+from unstable.inference import SamplingConfig
+from unstable.inference.decoding import Row
+from unstable.inference.slot_cache import batch_bucket, length_bucket, supports_slot_decoding
+from unstable.inference.transformers_backend import TransformersBackend
+from unstable.records import Checkpoint, GenerationRequest
+
+TEMPLATE = get_template("qwen3-zs")
+BOARDS = [
+    "Available Moves: '[0]'",
+    "Current Board:\n 0 | 1 | 2 \n 3 | 4 | 5 \nAvailable Moves: '[0]', '[1]', '[2]', '[5]'",
+    "Current Board:\n X | 1 | O \nAvailable Moves: '[1]', '[3]'",
+    "Current Board:\n X | O | X \n O | X | 5 \n 6 | 7 | O \nAvailable Moves: '[5]', '[6]', '[7]'",
+]
+PROMPTS = [TEMPLATE.render(board) for board in BOARDS]
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_model_dir, tmp_path_factory) -> Checkpoint:
+    """A LoRA adapter with non-zero weights on every linear layer of the decoder."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    path = tmp_path_factory.mktemp("adapter")
+    torch.manual_seed(3)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        LoraConfig(r=4, target_modules=targets, init_lora_weights=False),
+    )
+    model.save_pretrained(path)
+    return Checkpoint("lora-1", str(path))
+
+
+def run_schedule(backend: TransformersBackend, adapter: Checkpoint) -> dict[str, Row]:
+    """Rows joining a running batch at different steps, on the base model and on the adapter, some sharing prompt
+    prefixes with earlier rows (prefix-cache hits); every row run to its end. Returns the finished rows by tag."""
+    backend.load_adapter(adapter)
+    backend.generator.manual_seed(0)
+    tokenize = lambda text: backend.tokenizer(text, add_special_tokens=False)["input_ids"]
+    batch = backend.new_batch()
+    joins = {0: [0, 1], 2: [2], 3: [1, 3, 0], 7: [2, 1]}  # step -> prompts joining then
+    finished, step = [], 0
+    while step <= max(joins) or len(batch):
+        if step in joins:
+            rows = [
+                Row(f"{step}-{i}", tokenize(PROMPTS[p]), adapter.uid if i % 2 else None)
+                for i, p in enumerate(joins[step])
+            ]
+            finished += batch.add(rows)
+        finished += batch.step()
+        step += 1
+    return {row.tag: row for row in finished}
+
+
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_slot_cache_gives_the_padded_caches_greedy_tokens_and_logprobs(tiny_model_dir, adapter, cuda_graphs):
+    greedy = SamplingConfig(12, 0.0)
+    padded = TransformersBackend(tiny_model_dir, greedy, slot_cache=False)
+    slots = TransformersBackend(tiny_model_dir, greedy, cuda_graphs=cuda_graphs)
+    assert slots.slot_cache and not padded.slot_cache
+    expected, got = run_schedule(padded, adapter), run_schedule(slots, adapter)
+    assert sorted(got) == sorted(expected) and len(got) == 8
+    for tag, row in expected.items():
+        assert got[tag].tokens == row.tokens, tag
+        assert got[tag].logprobs == pytest.approx(row.logprobs, abs=1e-5), tag
+        assert got[tag].cached == row.cached
+    assert sum(row.cached for row in got.values()) > 0  # some rows took their prefix from the prefix cache
+
+
+def test_sampled_rows_log_probs_equal_a_full_forward_pass(tiny_model_dir, adapter):
+    """Sampled at temperature 0.8 over slots at bucketed shapes (rows move between slots as others leave, so the
+    random draws reach other rows than on the padded cache): each token's log-prob is a whole-sequence forward's."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    backend = TransformersBackend(tiny_model_dir, SamplingConfig(12, 0.8), cuda_graphs=True)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    models = {
+        None: base,
+        adapter.uid: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), adapter.path),
+    }
+    for row in run_schedule(backend, adapter).values():
+        with torch.no_grad():
+            logits = models[row.adapter](torch.tensor([row.prompt + row.tokens])).logits[0, len(row.prompt) - 1 : -1]
+        expected = torch.log_softmax(logits / 0.8, -1).gather(-1, torch.tensor(row.tokens)[:, None]).squeeze(-1)
+        assert row.logprobs == pytest.approx(expected.tolist(), abs=1e-4), row.tag
+
+
+def test_bucketed_steps_pad_with_free_slots_and_move_rows_into_freed_ones(tiny_model_dir):
+    """At bucketed shapes a step of 3 rows runs 4 (the fourth a free slot at position 0); when the first row leaves,
+    the last row moves into its slot and decodes on as it would alone."""
+    greedy = SamplingConfig(10, 0.0)
+    backend = TransformersBackend(tiny_model_dir, greedy, cuda_graphs=True)
+    tokenize = lambda text: backend.tokenizer(text, add_special_tokens=False)["input_ids"]
+    batch = backend.new_batch()
+    batch.add([Row(i, tokenize(p), None) for i, p in enumerate(PROMPTS[:3])])
+    batch.step()
+    longest = max(len(row.prompt) for row in batch.rows)
+    assert batch.cache.keys.shape[1] == 4 and list(batch.cache._captured) == [(4, length_bucket(longest + 1))]
+    batch.rows[0].finish_reason = "stop"
+    batch._drop_finished()
+    assert [row.tag for row in batch.rows] == [2, 1]  # the last row took the freed slot 0
+    assert batch.cache.positions == [len(row.prompt) + 1 for row in batch.rows]  # prompt + first token cached
+    moved, finished = batch.rows[0], []
+    while len(batch):
+        finished += batch.step()
+    alone = TransformersBackend(tiny_model_dir, greedy, slot_cache=False).generate([GenerationRequest(PROMPTS[2])])
+    assert moved in finished and tuple(moved.tokens) == alone[0].completion_token_ids
+    assert moved.logprobs == pytest.approx(alone[0].logprobs, abs=1e-5)
+
+
+def test_bucket_sizes():
+    assert [batch_bucket(n) for n in (1, 2, 3, 5, 8, 9, 17, 64, 65, 200, 257)] == [
+        1,
+        2,
+        4,
+        8,
+        8,
+        16,
+        24,
+        64,
+        80,
+        208,
+        288,
+    ]
+    assert [length_bucket(n) for n in (1, 32, 33, 300)] == [32, 32, 64, 320]
+
+
+def test_only_full_attention_llama_family_models_decode_over_slots(tiny_model_dir):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    with torch.device("meta"):
+        assert supports_slot_decoding(AutoModelForCausalLM.from_config(config))
+        config.layer_types = ["sliding_attention"] * config.num_hidden_layers
+        assert not supports_slot_decoding(AutoModelForCausalLM.from_config(config))
+
+
+def test_a_padded_step_has_lora_weights_for_its_padding_rows(tiny_model_dir, adapter):
+    """5 rows on an adapter run as a bucket of 8: the per-row LoRA weights have room for all 8 (they had 5, and the
+    step failed on mismatched shapes)."""
+    greedy = SamplingConfig(4, 0.0)
+    backend = TransformersBackend(tiny_model_dir, greedy, cuda_graphs=True)
+    backend.load_adapter(adapter)
+    requests = [GenerationRequest(PROMPTS[i % 4], adapter if i % 2 else None) for i in range(5)]
+    padded = TransformersBackend(tiny_model_dir, greedy, slot_cache=False)
+    padded.load_adapter(adapter)
+    for got, expected in zip(backend.generate(requests), padded.generate(requests)):
+        assert got.completion_token_ids == expected.completion_token_ids
+        assert got.logprobs == pytest.approx(expected.logprobs, abs=1e-5)
