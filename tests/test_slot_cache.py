@@ -104,7 +104,7 @@ def test_bucketed_steps_pad_with_free_slots_and_move_rows_into_freed_ones(tiny_m
     batch.add([Row(i, tokenize(p), None) for i, p in enumerate(PROMPTS[:3])])
     batch.step()
     longest = max(len(row.prompt) for row in batch.rows)
-    assert batch.cache.keys.shape[1] == 4 and list(batch.cache._captured) == [(4, length_bucket(longest + 1))]
+    assert batch.cache.keys[0].shape[0] == 4 and list(batch.cache._captured) == [(4, length_bucket(longest + 1))]
     batch.rows[0].finish_reason = "stop"
     batch._drop_finished()
     assert [row.tag for row in batch.rows] == [2, 1]  # the last row took the freed slot 0

@@ -59,8 +59,9 @@ def length_bucket(columns: int) -> int:
 
 def decode_forward(model, tokens, positions, keys, values, length: int) -> torch.Tensor:
     """Logits `(B, V)` of one decode step: row b's token `tokens[b]` at position `positions[b]` of slot b. Writes each
-    row's key and value into `keys`, `values` `(layers, slots, columns, kv_heads, head_dim)` at its position and
-    attends over the slot's first `length` columns, those up to its position."""
+    row's key and value into `keys`, `values` (a `(slots, columns, kv_heads, head_dim)` tensor per layer: a whole
+    tensor written in place, which `torch.compile` keeps in place; a slice of one cache tensor it copied whole at
+    every step) at its position and attends over the slot's first `length` columns, those up to its position."""
     decoder = model.model
     slots = torch.arange(tokens.shape[0], device=tokens.device)  # (B,)
     hidden = decoder.embed_tokens(tokens[:, None])  # (B, 1, H)
@@ -84,7 +85,8 @@ def _attention(attn, x, cos, sin, keys, values, at, mask, length: int) -> torch.
     if hasattr(attn, "q_norm"):  # Qwen3 normalises each head's query and key
         q, k = _normed(attn.q_norm, q), _normed(attn.k_norm, k)
     q, k = _rotated(q, cos, sin), _rotated(k, cos, sin)
-    keys[at], values[at] = k, v  # column `position` of each row's slot
+    keys.index_put_(at, k)  # column `position` of each row's slot
+    values.index_put_(at, v)
     kv_heads = k.shape[1]
     grouped = q.reshape(batch, kv_heads, -1, head_dim)  # (B, Hkv, G, D): query head h reads key head h // G
     context = keys[:batch, :length].transpose(1, 2), values[:batch, :length].transpose(1, 2)  # (B, Hkv, Lb, D)
@@ -125,7 +127,8 @@ class SlotCache:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.row_shape = (config.num_key_value_heads, head_dim)
         self.layers = config.num_hidden_layers
-        self.keys = self.values = self._zeros(0, 0)
+        self.keys = self._zeros(0, 0)  # per layer: (slots, columns, kv_heads, head_dim)
+        self.values = self._zeros(0, 0)
         self.positions: list[int] = []  # each row's next position (its tokens in the cache), on the CPU
         self.position_buffer = torch.zeros(0, dtype=torch.long, device=device)  # (slots,) the same, on the device
         self.token_buffer = torch.zeros(0, dtype=torch.long, device=device)  # (slots,) the step's input tokens
@@ -180,8 +183,8 @@ class SlotCache:
         if holes:
             to, source = torch.tensor(holes, device=self.device), torch.tensor(movers, device=self.device)
             used = max(self.positions[i] for i in movers)  # columns the moving rows hold
-            self.keys[:, to, :used] = self.keys[:, source, :used]
-            self.values[:, to, :used] = self.values[:, source, :used]
+            for cached in self.keys + self.values:
+                cached[to, :used] = cached[source, :used]
             self.position_buffer[to] = self.position_buffer[source]
             for hole, mover in zip(holes, movers):
                 order[hole] = mover
@@ -190,25 +193,26 @@ class SlotCache:
 
     def _reserve(self, rows: int, columns: int) -> None:
         """Grow the cache (copying what it holds) to at least `rows` slots of `columns` columns."""
-        slots, width = self.keys.shape[1], self.keys.shape[2]
+        slots, width = self.keys[0].shape[:2]
         if rows <= slots and columns <= width:
             return
         slots, width = max(slots, batch_bucket(rows), MIN_BUCKET), max(width, MIN_COLUMNS)
         while width < columns:
             width *= 2
-        self.keys, self.values = self._grown(self.keys, slots, width), self._grown(self.values, slots, width)
+        self.keys = [self._grown(old, slots, width) for old in self.keys]
+        self.values = [self._grown(old, slots, width) for old in self.values]
         self.position_buffer = _grown_vector(self.position_buffer, slots)
         self.token_buffer = _grown_vector(self.token_buffer, slots)
         self.lora.reserve(slots)  # a padded step's rows read their LoRA weights too
         self._generation += 1
 
-    def _zeros(self, slots: int, width: int) -> torch.Tensor:
-        dtype = self.model.dtype
-        return torch.zeros(self.layers, slots, width, *self.row_shape, dtype=dtype, device=self.device)
+    def _zeros(self, slots: int, width: int) -> list[torch.Tensor]:
+        shape = (slots, width, *self.row_shape)
+        return [torch.zeros(shape, dtype=self.model.dtype, device=self.device) for _ in range(self.layers)]
 
     def _grown(self, old: torch.Tensor, slots: int, width: int) -> torch.Tensor:
-        new = self._zeros(slots, width)
-        new[:, : old.shape[1], : old.shape[2]] = old
+        new = old.new_zeros(slots, width, *self.row_shape)
+        new[: old.shape[0], : old.shape[1]] = old
         return new
 
     def _replay(self, tokens: torch.Tensor, batch: int, length: int) -> torch.Tensor:
@@ -227,7 +231,8 @@ class SlotCache:
             pool = torch.cuda.graph_pool_handle() if self.device.startswith("cuda") else None
             self._captured, self._pool, self._captured_for = {}, pool, captured_for
             vocab = self.model.config.vocab_size
-            self.logit_buffer = torch.empty(self.keys.shape[1], vocab, dtype=self.model.dtype, device=self.device)
+            slots = self.keys[0].shape[0]
+            self.logit_buffer = torch.empty(slots, vocab, dtype=self.model.dtype, device=self.device)
         if (bucket, length) not in self._captured:
             self._captured[(bucket, length)] = self._capture(bucket, length)
         return self._captured[(bucket, length)]

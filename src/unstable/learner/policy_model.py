@@ -166,14 +166,14 @@ class PolicyModel:
         sequence and their logits are never needed.
         """
         causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-        with self._autocast():
-            hidden = self._hidden_states(causal_lm.get_decoder(), batch)  # (B, L, H)
         rows, cols = batch.completion_mask.nonzero(as_tuple=True)  # completion targets: position t predicts t+1
         targets = batch.input_ids[rows, cols + 1]  # (N,)
         head = causal_lm.get_output_embeddings()
-        token_logp, token_entropy = self._token_scores(
-            head, hidden[rows, cols], targets, batch.temperature[rows], batch.top_p[rows], entropy
-        )
+        with self._autocast():  # the output layer too: in float32 it was a third of a bf16 update on a GPU
+            hidden = self._hidden_states(causal_lm.get_decoder(), batch)  # (B, L, H)
+            token_logp, token_entropy = self._token_scores(
+                head, hidden[rows, cols], targets, batch.temperature[rows], batch.top_p[rows], entropy
+            )
         logprobs = torch.zeros(batch.completion_mask.shape, device=hidden.device)  # (B, L-1)
         result = PolicyOutput(logprobs.index_put((rows, cols), token_logp))
         if encodings:
