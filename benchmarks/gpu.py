@@ -665,7 +665,8 @@ def main() -> None:
     with timed("loop", elapsed, device):
         loop = result["loop"] = loop_bench.measure_loop(cfg)
         print(
-            f"  loop @ {loop['workers']}: {loop['tokens_per_s']:,.0f} tokens/s, {loop['learner_s_per_step']:.2f} s/step"
+            f"  loop @ {loop['workers']}: {loop['tokens_per_s']:,.0f} tokens/s, {loop['learner_s_per_step']:.2f} "
+            f"s/step, weight sync {loop['weight_sync_seconds']:.3f} s/step"
         )
     save()
     with timed("bare engine", elapsed, device):

@@ -129,6 +129,8 @@ def measure_loop(cfg) -> dict:
         / max(sum(r[keys.INFERENCE_PROMPT_TOKENS] for r in steady), 1),
         "requests_by_actor": [sum(served) for served in zip(*(r[keys.INFERENCE_REQUESTS_BY_ACTOR] for r in steady))],
         "learner_s_per_step": statistics.mean(r[keys.UPDATE_SECONDS] for r in updates),
+        # from an update's end until its policy was servable (handed to the engines, or its folder written)
+        "weight_sync_seconds": statistics.mean(r[keys.WEIGHT_SYNC_SECONDS] for r in updates),
         # the whole batch's tokens over the update's seconds (with several learners: rank 0's), over every update
         "learner_tokens_per_s": sum(r[keys.TRAIN_TOKENS_PER_S] * r[keys.UPDATE_SECONDS] for r in updates)
         / sum(r[keys.UPDATE_SECONDS] for r in updates),
@@ -297,6 +299,7 @@ def main() -> None:
         (f"loop generated tok/s @ {args.workers}", loop["tokens_per_s"]),
         ("loop mean rows per forward", loop["mean_batch"]),
         ("learner s/step", loop["learner_s_per_step"]),
+        ("weight sync s/step", loop["weight_sync_seconds"]),
         ("first learner step s (from call)", loop["first_learner_step_s"]),
         ("peak RSS GB (all procs)", loop["peak_rss_gb"]),
         (f"bare engine tok/s @ {bare['batch']}, base", bare["tokens_per_s"]),

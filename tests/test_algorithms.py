@@ -571,3 +571,16 @@ def test_learner_follows_the_schedule_in_every_group_and_after_a_restore(tiny_mo
     fresh = _learner(tiny_model_dir, A2C(), num_steps=3, lr_schedule="linear")
     fresh.load_state_dict(copy.deepcopy(learner.state_dict()))
     assert fresh.train_step(_bandit_batch(fresh, bandit))[keys.LEARNING_RATE] == pytest.approx(0.0)
+
+
+def test_steps_whose_completion_max_train_len_cuts_off_are_left_out_with_a_count(tiny_model_dir):
+    """A step whose prompt fills `learner.policy.max_train_len` keeps no completion token to train on: it is left out
+    of the update and counted (a micro-batch of only such steps crashed backward() before); a batch of nothing but
+    such steps stops the update, naming the setting."""
+    learner = _learner(tiny_model_dir, Reinforce(), max_train_len=6)
+    cut = _step(prompt=tuple(range(10, 18)), completion=(3, 4), reward=1.0)  # 8 prompt tokens: nothing left
+    kept = _step(prompt=(1, 2), completion=(3, 4), reward=1.0)
+    metrics = learner.train_step([cut, kept, cut])
+    assert metrics[keys.TRUNCATED_DROPPED] == 2 and metrics[keys.BATCH_SIZE] == 1 and learner.step == 1
+    with pytest.raises(RuntimeError, match=r"learner\.policy\.max_train_len = 6"):
+        learner.train_step([cut])

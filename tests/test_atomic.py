@@ -55,3 +55,24 @@ def test_replace_dir_clears_a_leftover_of_a_killed_write(tmp_path):
     with atomic.replace_dir(tmp_path / "step-4") as building:
         (building / "whole.json").write_text("{}")
     assert [p.name for p in (tmp_path / "step-4").iterdir()] == ["whole.json"]
+
+
+def test_a_directory_is_flushed_to_disk_before_it_is_renamed_into_place(tmp_path, monkeypatch):
+    """Every file of a checkpoint or state, and its directories, reach the disk before the rename (and the rename
+    after it), so a power loss cannot leave a pointer to empty files (they were renamed unflushed before)."""
+    flushed, fsync = [], atomic.os.fsync
+
+    def recording(descriptor):
+        flushed.append(atomic.os.readlink(f"/proc/self/fd/{descriptor}"))
+        fsync(descriptor)
+
+    monkeypatch.setattr(atomic.os, "fsync", recording)
+    with atomic.replace_dir(tmp_path / "ckpt-1") as building:
+        (building / "sub").mkdir()
+        (building / "adapter_model.safetensors").write_bytes(b"weights")
+        (building / "sub" / "config.json").write_text("{}")
+    building = str(tmp_path / "ckpt-1.tmp")
+    assert {f"{building}/adapter_model.safetensors", f"{building}/sub/config.json", f"{building}/sub", building} <= set(
+        flushed
+    )
+    assert flushed[-1] == str(tmp_path)  # the rename, after the files

@@ -317,3 +317,18 @@ def test_learner_fields_written_flat_go_to_their_section_as_a_config_from_before
     assert cfg.learner.optimizer.learning_rate == old["learner"]["learning_rate"] and cfg.learner.policy.lora is None
     with pytest.raises(ConfigError, match="learning_rate is given both as learner.learning_rate and learner.optimizer"):
         validate_config(old | {"learner": old["learner"] | {"optimizer": {"learning_rate": 0.5}}}, source="mixed")
+
+
+def test_a_batch_larger_than_the_buffer_is_refused_by_unstable_train(tmp_path, capsys):
+    """The buffer never holds learner.batch_size steps, so the learner would wait forever (and with pacing no game
+    starts): `unstable train` refuses it in one line naming both settings."""
+    from unstable.cli.main import main
+
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "model: {path: m}\ncollector: {training_envs: [[TicTacToe-v0-train, 2, qwen3-zs]]}\n"
+        "buffer: {max_buffer_size: 32}\nlearner: {batch_size: 64}\n"
+    )
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "learner.batch_size = 64" in err and "buffer.max_buffer_size = 32" in err

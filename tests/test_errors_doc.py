@@ -75,11 +75,6 @@ def _corrupt_checkpoint(tmp_path: Path) -> None:
     resume_training(tmp_path)
 
 
-def _corrupt_pointer(tmp_path: Path) -> None:
-    (_saved_run(tmp_path) / "latest.json").write_text('{"step": ')
-    resume_training(tmp_path)
-
-
 def _config_file(text: str):
     """A check that loads a config.yaml holding `text`."""
 
@@ -116,6 +111,11 @@ def _run_dir_under_a_file(tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("x")
     write_config(validate_config(_base()), tmp_path)
     check_run_dir(load_config(tmp_path / "config.yaml", [f"run.dir={tmp_path / 'a-file' / 'runs'}"]))
+
+
+def _run_dir_under_proc(tmp_path: Path) -> None:
+    write_config(validate_config(_base()), tmp_path)
+    check_run_dir(load_config(tmp_path / "config.yaml", ["run.dir=/proc/unstable/runs"]))
 
 
 def _cli(*argv: str):
@@ -199,11 +199,15 @@ CASES = [
         "final_reward_transforms",
     ),
     ("a buffer of size 0", _with("buffer.max_buffer_size=0"), "buffer.max_buffer_size"),
+    (
+        "a batch larger than the buffer",
+        _with("learner.batch_size=64", "buffer.max_buffer_size=32"),
+        "learner.batch_size",
+    ),
     ("a missing model directory", _with("model.path=/no/such/model"), "model.path"),
     ("an unknown dtype", _with("model.dtype=int8"), "model.dtype"),
     ("--resume of a directory that is no run", _resume_without_config, "--resume"),
     ("--resume with a corrupt checkpoint", _corrupt_checkpoint, "step-3/learner"),
-    ("--resume with a corrupt latest.json", _corrupt_pointer, "latest.json"),
     ("--resume with another starting policy", _resume_to_another_policy, "model.path"),
     ("--resume with fewer steps than were done", _resume_below_the_saved_step, "learner.num_steps"),
     ("--resume of a run whose warm start was deleted", _resume_without_the_warm_start, "warm-start"),
@@ -219,6 +223,7 @@ CASES = [
     ("a model whose config.json is broken", _broken_model_config, "model.path"),
     ("a model directory without a tokenizer", _model_without_tokenizer, "model.path"),
     ("a run.dir that cannot be made (under a file)", _run_dir_under_a_file, "run.dir"),
+    ("a run.dir that cannot be made (under /proc, which takes no new directories)", _run_dir_under_proc, "run.dir"),
     ("10^11 training games in flight", _with("collector.num_workers=100000000000"), "collector.num_workers"),
     ("10^9 evaluation games", _with("evaluation.games_at_end=1000000000"), "evaluation.games_at_end"),
     ("10^6 torch threads", _with("learner.num_threads=1000000"), "learner.num_threads"),

@@ -17,9 +17,13 @@ OF_A_BOUND = (  # measured over a nominal peak far above anything the tiny model
     "decode_fraction_of_bound_b1",
     "decode_fraction_of_bound_b32",
     "decode_fraction_of_bound_b128",
+    "decode_fraction_of_bound_with_kv_b1",
+    "decode_fraction_of_bound_with_kv_b32",
+    "decode_fraction_of_bound_with_kv_b128",
     "learner_mfu_lora",
     "learner_mfu_full",
 )
+SECONDS = ("weight_sync_seconds_lora", "weight_sync_seconds_full")
 
 
 @pytest.mark.slow
@@ -34,6 +38,11 @@ def test_the_gpu_benchmark_smoke_run_writes_every_row_as_a_fraction(tiny_model_d
         assert math.isfinite(result[key]) and 0 < result[key] <= 1, (key, result[key])
     # two timings of a shared 2-core machine: their ratio is not held to <= 1 here (no assertion on timing)
     assert math.isfinite(result["loop_over_bare"]) and result["loop_over_bare"] > 0
+    for key in SECONDS:  # from an update's end to the first token sampled with it, handed over in memory
+        assert (
+            0 < result[key] < result["weight_sync"][key.removeprefix("weight_sync_seconds_")]["checkpoint_folder"] * 10
+        )
+    assert result["loop"]["weight_sync_seconds"] > 0  # the loop's own, per learner step
     assert result["complete"] is True  # written after every part; the last write marks it whole
     assert result["nominal_peaks"] is True  # CPU figures are round numbers, never passed off as measured peaks
     for kind in ("lora", "full"):  # a zero gradient would make the learner's time (and MFU) meaningless

@@ -2,6 +2,7 @@
 
 import math
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -172,6 +173,49 @@ def test_full_finetuning_checkpoint_replaces_served_weights(tiny_model_dir, tmp_
     # the same weights: equal up to float32 rounding (the second may reuse the first's cached prompt; a fresh-clone
     # make test saw 1.4e-6 apart on a log-prob of -3.6)
     assert stale.logprobs == pytest.approx(after.logprobs, abs=1e-5)
+    server.stop()
+
+
+@pytest.mark.parametrize("lora", [LoraConfig(lora_rank=4), None], ids=["lora", "full"])
+def test_the_learner_hands_its_policy_over_in_memory_before_its_folder_is_written(tiny_model_dir, tmp_path, lora):
+    """With a handover, the new policy is served from the tensors the learner offered while its checkpoint folder is
+    not yet written: generations change and the served version is the learner's; the folder written afterwards holds
+    the same weights (an engine loading it gives the same greedy tokens and log-probs)."""
+    pool = ModelPool()
+    base = pool.add_checkpoint(None, -1)
+    greedy = SamplingConfig(max_new_tokens=6, temperature=0.0)
+    backend = TransformersBackend(tiny_model_dir, greedy)
+    server = InferenceServer(lambda: backend, InferenceConfig(batch_wait_ms=0))
+    server.start()
+    buffer = StepBuffer(32, final_reward_transformation=WinDrawLossFormatter())
+    for seed in range(3):
+        agents = {0: PolicyAgent(server, base, get_template("qwen3-zs")), 1: RandomAgent(seed)}
+        buffer.add_game(play_episode(TICTACTOE, agents, seed, learner_player_ids=(0,)))
+    before = server.generate(GenerationRequest(PROMPT, base))
+    served = {}
+
+    def handover(checkpoint, weights):
+        assert server.offer(checkpoint, weights) and not Path(checkpoint.path).exists()  # no folder yet
+        served["result"] = server.generate(GenerationRequest(PROMPT, checkpoint))
+        served["checkpoint"] = checkpoint
+        return True
+
+    loop = _loop(tiny_model_dir, buffer, pool, tmp_path, Reinforce(), batch_size=3, learning_rate=0.05, lora=lora)
+    loop.handover = handover
+    row = loop.train(1)[0]
+    loop.close()
+    new, result = pool.latest(), served["result"]
+    assert served["checkpoint"] == new and result.served_by == new and new.version == 1
+    assert result.logprobs != pytest.approx(before.logprobs, abs=1e-6)  # the new weights served it
+    assert row[keys.WEIGHT_SYNC_SECONDS] > 0
+    from_folder = TransformersBackend(tiny_model_dir, greedy)  # the folder, written after the handover
+    if lora is None:
+        from_folder.load_weights(new.path)
+    else:
+        from_folder.load_adapter(new)
+    again = from_folder.generate([GenerationRequest(PROMPT, new if lora else None)])[0]
+    assert again.completion_token_ids == result.completion_token_ids
+    assert again.logprobs == pytest.approx(result.logprobs, abs=1e-5)
     server.stop()
 
 

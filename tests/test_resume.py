@@ -50,6 +50,23 @@ def test_a_corrupt_state_fails_in_one_line_naming_the_file(tmp_path):
     assert "step-1/learner" in str(info.value) and "\n" not in str(info.value)
 
 
+def test_a_corrupt_newest_state_falls_back_to_the_one_before_saying_so(tmp_path, caplog):
+    """The previous state is kept for exactly this: a newest state cut in half (a disk that lost its last writes)
+    is passed over, with a warning naming both, for the newest intact one (it was refused before)."""
+    for step in (1, 2):
+        resume.save_run_state(tmp_path, step, {name: {"x": torch.ones(1) * step} for name in resume.PARTS})
+    tensors = tmp_path / "state" / "step-2" / "pool.safetensors"
+    tensors.write_bytes(tensors.read_bytes()[: len(tensors.read_bytes()) // 2])
+    assert resume.latest_state(tmp_path) == (1, tmp_path / "state" / "step-1")
+    assert "step-2/pool" in caplog.text and "step 1" in caplog.text
+
+
+def test_a_torn_resume_pointer_does_not_hide_the_intact_state(tmp_path):
+    resume.save_run_state(tmp_path, 3, {name: {"x": torch.ones(2)} for name in resume.PARTS})
+    (tmp_path / "state" / "latest.json").write_text('{"step": ')  # it was refused before
+    assert resume.latest_state(tmp_path) == (3, tmp_path / "state" / "step-3")
+
+
 def test_an_interrupted_state_write_leaves_the_previous_state_current(tmp_path, monkeypatch):
     resume.save_run_state(tmp_path, 1, {"learner": {"a": 1}})
 

@@ -93,9 +93,9 @@ def _latest_step(run_dir: Path) -> int:
 def _warm_start_checkpoint(run_dir: Path) -> str:
     """The LoRA warm start the run's `config.yaml` starts RL from: one in `run_dir/warm-start/`, saved whole."""
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    path = config["learner"]["policy"]["initial_lora_path"]
+    path = config["learner"]["policy"]["initial_lora_path"]  # relative to the run directory
     assert config["warm_start"] is None and path, "the run starts RL from no warm start"
-    assert Path(path).parent.parent == run_dir / "warm-start" and (Path(path) / "adapter_model.safetensors").exists()
+    assert Path(path).parent.parent == Path("warm-start") and (run_dir / path / "adapter_model.safetensors").exists()
     return path
 
 

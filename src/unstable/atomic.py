@@ -60,10 +60,29 @@ def replace_dir(path: str | os.PathLike, building: str | os.PathLike | None = No
         tmp.mkdir(parents=True)
     try:
         yield tmp
+        _flush_tree(tmp)
         _move_into_place(tmp, path)
+        _flush(path.parent)  # the rename itself
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _flush_tree(directory: Path) -> None:
+    """Flush every file under `directory`, and the directories holding them, to disk."""
+    for folder, _, files in os.walk(directory):
+        for name in files:
+            _flush(Path(folder) / name)
+        _flush(Path(folder))
+
+
+def _flush(path: Path) -> None:
+    """fsync one file or directory (its data, or its entries)."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _move_into_place(built: Path, path: Path) -> None:

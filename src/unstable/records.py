@@ -45,6 +45,11 @@ class Checkpoint:
         return self.kind == "lora" and self.path is not None
 
 
+def checkpoint_uid(version: int) -> str:
+    """The uid of the learner's checkpoint of update `version` (-1: the starting policy), as the pool names it."""
+    return f"ckpt-{version}"
+
+
 @dataclass(frozen=True)
 class Opponent:
     """Who fills a seat: a policy checkpoint served by the inference engine, a scripted/fixed agent, or a model

@@ -112,7 +112,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if (args.config is None) == (args.resume is None):
         raise ConfigError("train needs a CONFIG file or --resume RUN_DIR (not both)")
     overrides = args.set + (["tracker.wandb=disabled"] if args.no_wandb else [])
-    cfg = load_config(args.config or os.path.join(args.resume, "config.yaml"), overrides)
+    if args.resume:
+        cfg = load_config(os.path.join(args.resume, "config.yaml"), overrides, run_dir=args.resume)
+    else:
+        cfg = load_config(args.config, overrides)
     if not args.resume:
         check_run_dir(cfg)  # before the tiny model is built: a run that cannot start does no work
     if cfg.model.build_tiny_if_missing:

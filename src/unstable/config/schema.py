@@ -155,6 +155,16 @@ class RunConfig(Settings):
         return self
 
     @model_validator(mode="after")
+    def _buffer_holds_a_batch(self) -> RunConfig:
+        batch, room = self.learner.batch_size, self.buffer.max_buffer_size
+        if batch > room:
+            raise ValueError(
+                f"learner.batch_size = {batch} is more than buffer.max_buffer_size = {room}: the buffer never holds "
+                "a batch, so the learner would wait forever; raise buffer.max_buffer_size or lower learner.batch_size"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _past_checkpoints_need_adapters(self) -> RunConfig:
         pool = self.pool
         if (
@@ -174,13 +184,61 @@ class ConfigError(ValueError):
     """A config file that does not validate; the message lists every bad field with its value."""
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    """Read YAML, apply `key.path=value` overrides, validate. Raises ConfigError naming each bad field."""
+# The settings that name a local file or directory a run may write into its own directory (the warm start's
+# checkpoint): a run's `config.yaml` holds them absolute, or relative to the run directory when inside it.
+PATH_FIELDS = ("model.path", "learner.policy.initial_lora_path")
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None, run_dir: str | Path | None = None) -> RunConfig:
+    """Read YAML, apply `key.path=value` overrides, validate. Raises ConfigError naming each bad field. With
+    `run_dir` (a run's own `config.yaml`), a relative `PATH_FIELDS` value that names something inside `run_dir` is
+    read from there (overrides stay relative to the working directory)."""
     path = Path(path)
     data = _read_yaml(path)
+    if run_dir is not None:
+        for field in PATH_FIELDS:
+            _set_field(data, field, _inside(_get_field(data, field), Path(run_dir)))
     for override in overrides or []:
         _apply_override(data, override)
     return validate_config(data, source=str(path))
+
+
+def run_config_data(cfg: RunConfig, run_dir: str | Path) -> dict[str, Any]:
+    """`cfg` as the data of the run's `config.yaml`: each `PATH_FIELDS` value that names a local path absolute, or
+    relative to `run_dir` when inside it, so the run resumes from any working directory, and moved or copied."""
+    data = cfg.model_dump(mode="json")
+    root = Path(run_dir).resolve()
+    for field in PATH_FIELDS:
+        value = _get_field(data, field)
+        if value is not None and Path(value).exists():
+            full = Path(value).resolve()
+            _set_field(data, field, str(full.relative_to(root)) if full.is_relative_to(root) else str(full))
+    return data
+
+
+def _inside(value: str | None, run_dir: Path) -> str | None:
+    """`run_dir / value` when `value` is relative and names something there, else `value`."""
+    if value is None or Path(value).is_absolute() or not (run_dir / value).exists():
+        return value
+    return str(run_dir / value)
+
+
+def _get_field(data: dict[str, Any], field: str) -> Any:
+    for part in field.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return None
+        data = data[part]
+    return data
+
+
+def _set_field(data: dict[str, Any], field: str, value: Any) -> None:
+    *sections, name = field.split(".")
+    for part in sections:
+        if not isinstance(data, dict) or part not in data:
+            return
+        data = data[part]
+    if isinstance(data, dict) and name in data:
+        data[name] = value
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

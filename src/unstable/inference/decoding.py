@@ -1,14 +1,16 @@
 """Continuous batching for a transformers causal LM: rows join and leave a running batch between decode steps.
 
-A `DecodeBatch` holds the rows being generated, their shared KV cache (left-padded to one length), the attention
-mask and each row's next position. `add` prefills new prompts in one forward pass and merges their cache into
-the running one; `step` runs one decode forward over every row, samples a token per row (recording its log-prob
-under the distribution it was drawn from, tempered and top-p truncated, computed from one step's logits only) and
-returns the rows that finished, which leave the batch at once so a waiting request can take their place. Only the
-last position's logits are computed (`logits_to_keep=1`), never `(tokens, vocab)` for a whole prompt.
+A `DecodeBatch` holds the rows being generated, their KV cache and each row's next token. `add` prefills new prompts
+in one forward pass of the model (over what the prefix cache does not hold) and hands their keys and values to the
+cache; `step` runs one decode forward over every row, samples a token per row (recording its log-prob under the
+distribution it was drawn from, tempered and top-p truncated, computed from one step's logits only) and returns the
+rows that finished, which leave the batch at once so a waiting request can take their place. Only the last position's
+logits are computed (`logits_to_keep=1`), never `(tokens, vocab)` for a whole prompt.
 
-Rows may name different LoRA adapters: the batched LoRA layers (`inference/lora.py`) apply each row's adapter in
-the same forward pass.
+The cache is a `slot_cache.SlotCache` (preallocated slots, the decode step the engine's own pass, a CUDA graph on a
+GPU) for Llama-family models, else a `PaddedCache` (transformers' dynamic cache, left-padded to one length). Rows
+may name different LoRA adapters: the batched LoRA layers (`inference/lora.py`) apply each row's adapter in the same
+forward pass.
 """
 
 from __future__ import annotations

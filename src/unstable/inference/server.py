@@ -22,6 +22,10 @@ the thread dies anyway, or the server stops, every pending and later request fai
 A server on another node than the checkpoints' is given a `CheckpointCache`: every checkpoint reaches the backend
 by its path in that cache (fetched on the calling thread when a request arrives, so the batching thread seldom
 waits for it); `served_by` still names the checkpoint as the request named it.
+
+Weights handed over in memory (`offer`: the learner's tensors of a new checkpoint, before its folder is written) are
+kept for the newest `max_loras + 1` checkpoints and loaded from memory when a request names one; any other
+checkpoint loads from its folder.
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ class InferenceServer:
         self.max_loras = cfg.max_loras
         self._queue: queue.Queue[tuple[GenerationRequest, Future]] = queue.Queue()
         self._resident: OrderedDict[str, Checkpoint] = OrderedDict()
+        self._offered: OrderedDict[str, tuple] = OrderedDict()  # uid -> (PEFT config or None, tensors), newest last
+        self._offered_lock = threading.Lock()
         self._full_weights: Checkpoint | None = None  # the full checkpoint loaded (None: the model's own weights)
         self._in_flight = 0  # requests handed to a self-batching backend and not finished
         self._reloading = False  # a newer full checkpoint waits for them to finish
@@ -124,6 +130,18 @@ class InferenceServer:
                 return future
         return self._submit_direct(request)
 
+    def offer(self, checkpoint: Checkpoint, served: tuple) -> bool:
+        """Keep `served` (a LoRA adapter's PEFT config and tensors, or None and full weights) for `checkpoint`, to load
+        from memory when a request names it; returns whether the backend loads weights from memory (else it will read
+        the checkpoint's folder)."""
+        if not hasattr(self._backend, "load_weight_tensors"):
+            return False
+        with self._offered_lock:
+            self._offered[checkpoint.uid] = served
+            while len(self._offered) > self.max_loras + 1:
+                self._offered.popitem(last=False)
+        return True
+
     def end_game(self, game: int) -> None:
         """Nothing to forget: one server serves every game (an `InferenceClient` over several routes by game)."""
 
@@ -140,8 +158,16 @@ class InferenceServer:
         return self._counters.snapshot(reset) | self._checkpoints.stats(reset)
 
     def _on_disk(self, checkpoint: Checkpoint | None) -> Checkpoint | None:
-        """`checkpoint` as this node reads it: from the checkpoint cache when there is one."""
-        return self._checkpoints.local(checkpoint) if self._checkpoints is not None else checkpoint
+        """`checkpoint` as this node reads it: from the checkpoint cache when there is one (not for weights offered in
+        memory, whose folder may not be written yet)."""
+        if self._checkpoints is None or checkpoint is None or self._in_memory(checkpoint) is not None:
+            return checkpoint
+        return self._checkpoints.local(checkpoint)
+
+    def _in_memory(self, checkpoint: Checkpoint) -> tuple | None:
+        """The weights offered for `checkpoint`, None when none were (or they were let go)."""
+        with self._offered_lock:
+            return self._offered.get(checkpoint.uid)
 
     def _submit_direct(self, request: GenerationRequest) -> Future:
         """Hand one request to the self-batching backend, on the weights `_enter` chose; the returned future
@@ -329,7 +355,10 @@ class InferenceServer:
         """Full fine-tuning: load a newer full checkpoint into the base weights (no request is running)."""
         if os.environ.get(FAIL_LOADS_ENV):
             raise RuntimeError(f"full checkpoint {checkpoint.path} not loaded: {FAIL_LOADS_ENV} is set")
-        self._backend.load_weights(self._on_disk(checkpoint).path)
+        if (served := self._in_memory(checkpoint)) is not None:
+            self._backend.load_weight_tensors(served[1])
+        else:
+            self._backend.load_weights(self._on_disk(checkpoint).path)
         self._full_weights = checkpoint
 
     def _served_by(self, checkpoint: Checkpoint | None) -> Checkpoint | None:
@@ -351,7 +380,10 @@ class InferenceServer:
                 victim = next(u for u in self._resident if u not in keep)
                 self._backend.unload_adapter(victim)
                 del self._resident[victim]
-            self._backend.load_adapter(self._on_disk(checkpoint))
+            if (served := self._in_memory(checkpoint)) is not None:
+                self._backend.load_adapter_tensors(uid, *served)
+            else:
+                self._backend.load_adapter(self._on_disk(checkpoint))
             self._resident[uid] = checkpoint
 
     def _close(self, reason: str) -> None:

@@ -228,6 +228,12 @@ class LearnerConfig(Settings):
         "each rank holds about 1/num_learners of them; 'none': every rank holds the whole model",
     )
     poll_interval_s: float = Field(0.05, gt=0.0, description="how often the loop asks the buffer for a batch")
+    weight_handover: Literal["memory", "folder"] = Field(
+        "memory",
+        description="how each new policy reaches the inference actors: `memory` (its tensors through Ray's object "
+        "store; the checkpoint folder is written in the background) or `folder` (written first, then loaded; so "
+        "too for an engine that cannot take tensors, such as vLLM, and for a sharded learner)",
+    )
     policy: PolicyConfig = PolicyConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     retention: RetentionConfig = RetentionConfig()

@@ -176,6 +176,7 @@ class Learner:
         (the ratios' over all their tokens) and the batch statistics the whole batch's."""
         self.initialize()
         start = time.perf_counter()
+        steps, truncated = self._with_completions(steps)
         staleness = [self.staleness(s) for s in steps]
         self._ratios = _RatioStats()
         self.skipped["update"] = 0
@@ -192,12 +193,37 @@ class Learner:
             keys.MEAN_COMPLETION_TOKENS: sum(len(s.completion_token_ids) for s in steps) / len(steps),
             keys.STALENESS_MEAN: sum(staleness) / len(staleness),
             keys.STALENESS_MAX: max(staleness),
+            keys.TRUNCATED_DROPPED: truncated,
             keys.SKIPPED_UPDATES: self.skipped["update"],
             keys.SKIPPED_UPDATES_TOTAL: self.skipped["total"],
             keys.LEARNING_RATE: rate,
             keys.UPDATE_SECONDS: seconds,
             keys.TRAIN_TOKENS_PER_S: tokens / max(seconds, 1e-9),
         }
+
+    def _with_completions(self, steps: list[Step]) -> tuple[list[Step], int]:
+        """`steps` that keep a completion token within `cfg.policy.max_train_len` (cut to a multiple of the learners'
+        number), and how many were left out (with a warning). Raises RuntimeError, naming the setting, when none do."""
+        limit = self.cfg.policy.max_train_len
+        if limit is None:
+            return steps, 0
+        kept = [s for s in steps if len(s.prompt_token_ids) < limit]
+        kept = kept[: len(kept) - len(kept) % self.parallel.world_size]
+        if not kept:
+            longest = max(len(s.prompt_token_ids) for s in steps)
+            raise RuntimeError(
+                f"no step of the batch keeps a completion token within learner.policy.max_train_len = {limit} "
+                f"(prompts of up to {longest} tokens): raise it above the prompts' length"
+            )
+        if len(kept) < len(steps):
+            log.warning(
+                "update %d: %d of %d steps left out: learner.policy.max_train_len = %d cuts off their completion",
+                self.step + 1,
+                len(steps) - len(kept),
+                len(steps),
+                limit,
+            )
+        return kept, len(steps) - len(kept)
 
     def _schedule_learning_rate(self) -> float:
         """Set every parameter group's rate for this update from `cfg.optimizer.lr_schedule`; returns the policy's
@@ -215,6 +241,17 @@ class Learner:
         if self.parallel.rank:
             return directory
         return self.policy.save(directory, weights)
+
+    def served_weights(self) -> tuple[dict | None, dict[str, torch.Tensor]] | None:
+        """A CPU copy of the current policy as an engine serves it (`PolicyModel.served_weights`), to hand over in
+        memory; None for a sharded model (its weights are gathered only to be saved)."""
+        if self.parallel.sharded:
+            return None
+        return self.policy.served_weights("cpu")
+
+    def write_checkpoint(self, directory: str, served: tuple[dict | None, dict[str, torch.Tensor]]) -> str:
+        """Write `served` (from `served_weights`) as the checkpoint folder `directory`; returns its path."""
+        return self.policy.write_served(directory, served)
 
     # ---- state for resume ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ in float32 throughout: the learner does no loss scaling, without which float16 g
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Iterator
@@ -250,43 +251,54 @@ class PolicyModel:
         `directory` atomically; return it. The resume state, not this checkpoint, keeps the float32 masters. A full
         model's `weights` (a state dict; default the model's own) are what is written: a sharded model's gathered
         whole."""
-        final = Path(directory)
-        with atomic.replace_dir(final) as tmp:  # a re-run into the same directory replaces the old checkpoint
-            if self.cfg.lora is None:
-                self._save_full_model(tmp, weights or self.model.state_dict())
-            else:
-                self.model.save_pretrained(tmp)
-        return str(final)
+        return self.write_served(directory, self.served_weights("cpu", weights))
 
-    def _save_full_model(self, directory: Path, weights: dict[str, torch.Tensor]) -> None:
-        """Every one of `weights` cast to the model dtype (what the engines load; for a bf16 model half the bytes of its
-        float32 masters), the config saying so, and the tokenizer."""
-        self.model.save_pretrained(directory, state_dict=self._served_state(weights, "cpu"))
-        self.model.config.dtype = self.dtype  # save_pretrained wrote the masters' float32
-        self.model.config.save_pretrained(directory)
-        self.tokenizer.save_pretrained(directory)
-
-    def served_weights(self) -> tuple[dict | None, dict[str, torch.Tensor]]:
-        """What an engine serves of the current policy, handed over in memory instead of as a checkpoint folder, on
-        the learner's device: a LoRA adapter's PEFT config and tensors (as `save` writes them), or (None and) every
-        weight cast to the model dtype."""
+    def served_weights(
+        self, device: str | None = None, weights: dict[str, torch.Tensor] | None = None
+    ) -> tuple[dict | None, dict[str, torch.Tensor]]:
+        """A copy of what an engine serves of the current policy, on `device` (default the learner's): a LoRA
+        adapter's PEFT config (as `adapter_config.json` holds it) and tensors (as `adapter_model.safetensors`), or None
+        and every weight cast to the model dtype (a full model's `weights`, default its own). Copies: the next update
+        leaves them as they are, so they can be handed over or written while it runs."""
+        device = device or self.device
         if self.cfg.lora is None:
-            return None, self._served_state(self.model.state_dict(), self.device)
+            return None, self._served_state(weights or self.model.state_dict(), device)
         from peft import get_peft_model_state_dict
 
-        config = self.model.peft_config["default"].to_dict()
-        return config, {name: w.detach().clone() for name, w in get_peft_model_state_dict(self.model).items()}
+        config = self.model.peft_config["default"].to_dict() | {"inference_mode": True}  # as PEFT saves it
+        config = {key: sorted(value) if isinstance(value, set) else value for key, value in config.items()}
+        tensors = get_peft_model_state_dict(self.model).items()
+        return config, {name: w.detach().to(device, copy=True).contiguous() for name, w in tensors}
 
     def _served_state(self, weights: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
-        """`weights` cast to the model dtype on `device`; tied weights stay one tensor."""
+        """Copies of `weights` cast to the model dtype on `device`; tied weights stay one tensor."""
         dtype = getattr(torch, self.dtype)
         cast: dict[int, torch.Tensor] = {}  # by address
         state = {}
         for name, weight in weights.items():
             if weight.data_ptr() not in cast:
-                cast[weight.data_ptr()] = weight.detach().to(device, dtype) if weight.is_floating_point() else weight
+                to = dict(dtype=dtype) if weight.is_floating_point() else {}
+                cast[weight.data_ptr()] = weight.detach().to(device, copy=True, **to)
             state[name] = cast[weight.data_ptr()]
         return state
+
+    def write_served(self, directory: str | os.PathLike, served: tuple[dict | None, dict[str, torch.Tensor]]) -> str:
+        """Write `served` (from `served_weights`) as a checkpoint folder at `directory`, atomically; return it. It
+        reads nothing an update changes, so it may run on another thread during the next update."""
+        from safetensors.torch import save_file
+
+        config, tensors = served
+        final = Path(directory)
+        with atomic.replace_dir(final) as tmp:  # a re-run into the same directory replaces the old checkpoint
+            if config is None:
+                self.model.save_pretrained(tmp, state_dict=tensors)
+                self.model.config.dtype = self.dtype  # save_pretrained wrote the masters' float32
+                self.model.config.save_pretrained(tmp)
+                self.tokenizer.save_pretrained(tmp)
+            else:
+                (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+                save_file({k: v.cpu() for k, v in tensors.items()}, tmp / "adapter_model.safetensors", {"format": "pt"})
+        return str(final)
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """Copies of the whole trainable weights by name (what an update changes); a sharded model's gathered onto

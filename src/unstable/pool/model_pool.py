@@ -13,7 +13,7 @@ from unstable.agents.seating import parse_opponent
 from unstable.pool.config import PoolConfig
 from unstable.pool.ratings import MatchMatrix, Rating, RatingSystem
 from unstable.pool.sampling import SAMPLE_MODES
-from unstable.records import Checkpoint, GameRecord, Opponent
+from unstable.records import Checkpoint, GameRecord, Opponent, checkpoint_uid
 from unstable.tracking import keys
 from unstable.tracking.history import agent_order
 
@@ -42,7 +42,7 @@ class ModelPool:
         player does (the anchor's mu, sigma 25/3), not from its parent's rating: its rating then measures its own
         games, and its games count says how many. (An inherited rating carried the lineage's results and a sigma
         that claimed them as the checkpoint's own, so short-lived checkpoints outranked well-measured ones.)"""
-        checkpoint = Checkpoint(uid=f"ckpt-{iteration}", path=path, version=iteration, kind=kind)
+        checkpoint = Checkpoint(uid=checkpoint_uid(iteration), path=path, version=iteration, kind=kind)
         self.checkpoints.append(checkpoint)
         self.registered += 1
         self._forget_retired()

@@ -228,6 +228,7 @@ class CollectorActor(Collector):
         # the original API names its games in flight later, in `collect(num_workers)`: any number up to the bound
         games = MAX_GAMES_IN_FLIGHT if vllm_config is not None else cfg.games_in_flight()
         servers = _start_servers(model_path, inference, dtype, seed, resume_step, lora_rank, games, checkpoint_node)
+        self._servers = servers
         proxies = [RemoteProxy(server) for server in servers]
         client = InferenceClient(proxies, by_game=inference.routing == "game", unavailable=_actor_gone)
         super().__init__(
@@ -242,6 +243,10 @@ class CollectorActor(Collector):
         )
         ray.get(tracker.add_source.remote(client))
         _register_source(tracker)  # the games held back by pacing
+
+    def inference_servers(self) -> list:
+        """The inference server actors this collector started (the learner hands them new weights)."""
+        return self._servers
 
 
 @ray.remote(**SHELL, max_concurrency=MAX_GAMES_IN_FLIGHT + CONTROL_CALLS)
@@ -385,7 +390,9 @@ class LearnerActor(LearnerLoop):
     The model trains on cuda when Ray gave this actor a GPU and torch sees one. It has no sampling settings of its
     own: each step is scored under the temperature and top_p it was sampled with (the Collector's `vllm_config`).
     With `num_learners` > 1 it is rank 0 of that many data-parallel learners: it starts the other ranks' actors
-    (`LearnerRankActor`, each with `num_gpus`) and joins them in one process group at its node's address.
+    (`LearnerRankActor`, each with `num_gpus`) and joins them in one process group at its node's address. Given
+    `inference_servers` (the YAML path's) and `cfg.weight_handover` 'memory', it hands each new policy to them through
+    Ray's object store (`hand_over`); else they load each checkpoint's folder.
     """
 
     def __init__(
@@ -399,6 +406,7 @@ class LearnerActor(LearnerLoop):
         cfg: LearnerConfig | None = None,
         max_generation_len: int | None = None,
         dtype: str = "float32",
+        inference_servers: list | None = None,
         **original_kwargs,
     ):
         import torch
@@ -424,12 +432,14 @@ class LearnerActor(LearnerLoop):
             learner = RankZeroLearner(policy, algorithm, cfg, ranks)
         else:
             learner = Learner(policy, algorithm, cfg)
+        in_memory = inference_servers and cfg.weight_handover == "memory"
         super().__init__(
             learner,
             RemoteProxy(step_buffer),
             RemoteProxy(model_pool),
             RemoteProxy(tracker),
             run_dir,
+            handover=functools.partial(hand_over, inference_servers) if in_memory else None,
         )
 
     def train(self, num_steps: int, stop_collection: bool = True) -> list[dict[str, Any]]:
@@ -440,6 +450,18 @@ class LearnerActor(LearnerLoop):
             self.close()
             self.step_buffer.stop_collection()
         return rows
+
+
+def hand_over(servers: list, checkpoint, served) -> bool:
+    """Offer a new policy's `served` weights for `checkpoint` to every inference actor in `servers`, put in Ray's
+    object store once; returns whether every one took them in memory. An actor that died since (Ray restarts it)
+    counts as one that did not: it reads the checkpoint's folder."""
+    shared = ray.put(served)
+    offers = [server.offer.remote(checkpoint, shared) for server in servers]
+    try:
+        return all(ray.get(offers))
+    except ray.exceptions.RayActorError:
+        return False
 
 
 def rank_options(rank: int, num_gpus: float) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import yaml
 
 from unstable import atomic
 from unstable.config import ConfigError, RunConfig, load_config
+from unstable.config.schema import run_config_data
 from unstable.records import GameRecord
 from unstable.runtime import resume
 from unstable.runtime.topology import Topology, build_topology, init_ray, resolve_model_path
@@ -184,8 +185,8 @@ def resume_training(
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").exists():
         raise resume.ResumeError(f"--resume {run_dir}: not a run directory (no config.yaml)")
-    cfg = load_config(run_dir / "config.yaml", overrides)
-    _check_same_policy(load_config(run_dir / "config.yaml"), cfg)
+    cfg = load_config(run_dir / "config.yaml", overrides, run_dir=run_dir)
+    _check_same_policy(load_config(run_dir / "config.yaml", run_dir=run_dir), cfg)
     check_resources(cfg)
     point = resume.latest_state(run_dir)
     finished = _finished_summary(cfg, run_dir, point)
@@ -270,8 +271,9 @@ def _finished_summary(cfg: RunConfig, run_dir: Path, point: tuple[int, Path] | N
 
 
 def write_config(cfg: RunConfig, run_dir: Path) -> None:
-    """The run's config as `run_dir/config.yaml` (written atomically: resume reads it)."""
-    atomic.write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    """The run's config as `run_dir/config.yaml` (written atomically: resume reads it), its local paths absolute or
+    relative to `run_dir` (`run_config_data`)."""
+    atomic.write_text(run_dir / "config.yaml", yaml.safe_dump(run_config_data(cfg, run_dir), sort_keys=False))
 
 
 def check_run_dir(cfg: RunConfig) -> None:

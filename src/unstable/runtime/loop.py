@@ -1,5 +1,10 @@
-"""The learner loop: wait for a batch, update, save the checkpoint, register it with the pool, log a row, save
-the resume state when it is due (written on a background thread, `resume.StateWriter`).
+"""The learner loop: wait for a batch, update, hand the new policy to the inference engines, register it with the
+pool, log a row, save the resume state when it is due (written on a background thread, `resume.StateWriter`).
+
+With a `handover` (the Ray topology's: the policy's tensors through Ray's object store to every inference actor) the
+new policy is servable as soon as every engine holds its tensors; its checkpoint folder, which retention, the pool's
+later games and resume read, is written on the background thread, before any state that names it. Without one,
+or when an engine cannot take tensors (vLLM), the folder is written first and the engines load it.
 
 The loop is the only part of learning that talks to other components; the `Learner` it holds only updates
 weights. It is plain Python: tests run it in-process with plain components, and `runtime.topology` runs it
@@ -13,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from unstable.learner import Learner
-from unstable.records import Step
+from unstable.records import Checkpoint, Step, checkpoint_uid
 from unstable.runtime import resume
 from unstable.tracking import keys
 
@@ -27,10 +32,12 @@ class RunStopped(RuntimeError):
 
 
 class LearnerLoop:
-    """Drives `learner` with batches from `step_buffer`; checkpoints go to `run_dir/checkpoints/ckpt-<step>`."""
+    """Drives `learner` with batches from `step_buffer`; checkpoints go to `run_dir/checkpoints/ckpt-<step>`; `handover`
+    (optional) hands each new policy to the inference engines in memory (see the module docstring)."""
 
-    def __init__(self, learner: Learner, step_buffer, model_pool, tracker, run_dir: str):
+    def __init__(self, learner: Learner, step_buffer, model_pool, tracker, run_dir: str, handover=None):
         self.learner = learner
+        self.handover = handover  # (checkpoint, served weights) -> whether every engine took them in memory
         self.step_buffer = step_buffer
         self.model_pool = model_pool
         self.tracker = tracker
@@ -57,13 +64,11 @@ class LearnerLoop:
             began = self._logged_at if self._logged_at is not None else time.perf_counter()
             steps, waited, dropped = self._wait_for_batch()
             metrics = self.learner.train_step(steps)
-            directory = self.run_dir / "checkpoints" / f"ckpt-{self.learner.step}"
-            path = self.learner.save_checkpoint(str(directory))
-            self.model_pool.add_checkpoint(
-                path=path, iteration=self.learner.step, kind=self.learner.cfg.policy.checkpoint_kind
-            )
+            synced = time.perf_counter()
+            self._publish()
             seconds = time.perf_counter() - began
             metrics |= {
+                keys.WEIGHT_SYNC_SECONDS: time.perf_counter() - synced,
                 keys.WAIT_SECONDS: waited,
                 keys.STEP_SECONDS: seconds,
                 keys.WAIT_SHARE: waited / seconds,
@@ -79,6 +84,21 @@ class LearnerLoop:
                 self.save_state()
         return rows
 
+    def _publish(self) -> None:
+        """Make the new policy servable and register it with the pool: handed over in memory when every engine takes
+        it (its folder then written in the background), else once its folder is written."""
+        step, kind = self.learner.step, self.learner.cfg.policy.checkpoint_kind
+        path = str(self.run_dir / "checkpoints" / checkpoint_uid(step))
+        served = self.learner.served_weights() if self.handover is not None else None
+        if served is None:
+            self.learner.save_checkpoint(path)
+        else:
+            in_memory = self.handover(Checkpoint(checkpoint_uid(step), path, step, kind), served)
+            self.writer.run(lambda: self.learner.write_checkpoint(path, served), f"checkpoint {path}", f"ckpt-{step}")
+            if not in_memory:  # some engine loads it from its folder
+                self.writer.wait()
+        self.model_pool.add_checkpoint(path=path, iteration=step, kind=kind)
+
     def save_state(self) -> None:
         """Snapshot this step's resume state (learner, pool, buffer, tracker) and write it on the writer's thread,
         which then deletes the states and checkpoints let go (`_prune`). The row of the step is already in
@@ -88,7 +108,7 @@ class LearnerLoop:
         step = self.learner.step
         parts = {
             "learner": self.learner.state_dict(),
-            "pool": self.model_pool.state_dict(),
+            "pool": resume.paths_relative(self.model_pool.state_dict(), self.run_dir),
             "buffer": self.step_buffer.state_dict(),
             "tracker": self.tracker.state_dict(),
         }
@@ -117,7 +137,7 @@ class LearnerLoop:
         """Load a saved state (`resume.latest_state`) into the learner, pool, buffer and tracker; returns its step."""
         directory = Path(state_dir)
         self.learner.load_state_dict(resume.load_part(directory, "learner"))
-        self.model_pool.load_state_dict(resume.load_part(directory, "pool"))
+        self.model_pool.load_state_dict(resume.paths_under(resume.load_part(directory, "pool"), self.run_dir))
         self.step_buffer.load_state_dict(resume.load_part(directory, "buffer"))
         self.tracker.load_state_dict(resume.load_part(directory, "tracker"))
         resume.discard_after(self.run_dir, self.learner.step)

@@ -14,6 +14,7 @@ CPU), a background thread writes it, one write at a time.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import threading
@@ -39,6 +40,8 @@ PARTS = ("learner", "pool", "buffer", "tracker")
 # kill the process there
 PAUSE_ENV = "UNSTABLE_TEST_PAUSE_AT"
 PAUSE_MARKER = ".paused"
+
+log = logging.getLogger(__name__)
 
 
 class ResumeError(ConfigError):
@@ -129,6 +132,31 @@ def write_snapshot(run_dir: Path, step: int, parts: Snapshot, referenced: list[i
     return final
 
 
+def paths_relative(pool: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """A pool state (`ModelPool.state_dict`) whose checkpoint paths inside `run_dir` are relative to it, so a run
+    directory moved or copied elsewhere resumes (`paths_under`)."""
+    root = Path(run_dir).resolve()
+
+    def relative(path: str | None) -> str | None:
+        if path is None or not Path(path).resolve().is_relative_to(root):
+            return path
+        return str(Path(path).resolve().relative_to(root))
+
+    return pool | {"checkpoints": [c | {"path": relative(c["path"])} for c in pool["checkpoints"]]}
+
+
+def paths_under(pool: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """The pool state `paths_relative` made, its relative checkpoint paths under `run_dir` (a path that names nothing
+    there, written by an older version relative to its working directory, stays as it is)."""
+
+    def under(path: str | None) -> str | None:
+        if path is None or Path(path).is_absolute() or not (Path(run_dir) / path).exists():
+            return path
+        return str(Path(run_dir) / path)
+
+    return pool | {"checkpoints": [c | {"path": under(c["path"])} for c in pool["checkpoints"]]}
+
+
 def referenced_checkpoints(run_dir: Path) -> set[int]:
     """The checkpoint steps that the pools of the saved states play: resuming from a state loads them."""
     state_dir = run_dir / STATE_DIR
@@ -150,21 +178,30 @@ def discard_after(run_dir: Path, step: int) -> list[int]:
 
 
 class StateWriter:
-    """Writes resume states on a background thread, one at a time, then calls `after_write(step)` there (to
-    prune). A failed write raises at the next `submit` or `wait`, so a full disk stops the run loudly."""
+    """Writes resume states, and the checkpoint folders written off the learner's thread, on a background thread one
+    at a time (a state submitted after a checkpoint is written after it), calling `after_write(step)` there after
+    each state (to prune). A failed write raises at the next `submit`, `run` or `wait`, so a full disk stops the run
+    loudly."""
 
     def __init__(self, run_dir: Path, after_write: Callable[[int], None] = lambda step: None):
         self.run_dir = run_dir
         self.after_write = after_write
         self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._error: tuple[str, BaseException] | None = None
 
     def submit(self, step: int, parts: Snapshot, referenced: list[int]) -> None:
         """Wait for the write in flight, then start writing `parts` (a `snapshot`) as `state/step-<step>/`."""
+
+        def write() -> None:
+            write_snapshot(self.run_dir, step, parts, referenced)
+            self.after_write(step)
+
+        self.run(write, f"the resume state under {self.run_dir / STATE_DIR}", f"state-writer-{step}")
+
+    def run(self, write: Callable[[], None], what: str, name: str) -> None:
+        """Wait for the write in flight, then start `write` (of `what`, named in its error) on thread `name`."""
         self.wait()
-        self._thread = threading.Thread(
-            target=self._write, args=(step, parts, referenced), name=f"state-writer-{step}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._write, args=(write, what), name=name, daemon=True)
         self._thread.start()
 
     def wait(self) -> None:
@@ -173,31 +210,38 @@ class StateWriter:
             self._thread.join()
             self._thread = None
         if self._error is not None:
-            error, self._error = self._error, None
-            raise RuntimeError(f"writing the resume state under {self.run_dir / STATE_DIR} failed: {error}") from error
+            (what, error), self._error = self._error, None
+            raise RuntimeError(f"writing {what} failed: {error}") from error
 
-    def _write(self, step: int, parts: Snapshot, referenced: list[int]) -> None:
+    def _write(self, write: Callable[[], None], what: str) -> None:
         try:
-            write_snapshot(self.run_dir, step, parts, referenced)
-            self.after_write(step)
+            write()
         except Exception as exc:  # re-raised on the learner's thread by `wait`
-            self._error = exc
+            self._error = (what, exc)
 
 
 def latest_state(run_dir: Path) -> tuple[int, Path] | None:
-    """The step and directory of the last complete state, None when none was saved; checks every file's header
-    so a corrupt state fails here, before any actor starts."""
+    """The step and directory of the newest complete state, None when none was saved; checks every file's header
+    so a corrupt state is found here, before any actor starts. A corrupt newest state (a disk that lost its last
+    writes) is passed over for the newest intact one before it, with a warning naming both (the steps after it are
+    then redone); with none intact, ResumeError names the newest."""
     pointer = run_dir / STATE_DIR / LATEST
-    if not pointer.exists():
+    steps = saved_steps(run_dir / STATE_DIR, "step-")
+    if not pointer.exists() and not steps:
         return None
-    try:
-        step = int(json.loads(pointer.read_text())["step"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ResumeError(f"resume pointer {pointer} is corrupt: {exc!r}") from None
-    directory = pointer.parent / f"step-{step}"
-    for name in PARTS:
-        _check_part(directory, name)
-    return step, directory
+    newest = None
+    for step in reversed(steps):
+        directory = run_dir / STATE_DIR / f"step-{step}"
+        try:
+            for name in PARTS:
+                _check_part(directory, name)
+        except ResumeError as exc:
+            newest = newest or exc
+            continue
+        if newest is not None:
+            log.warning("%s; resuming from the state of step %d instead", newest, step)
+        return step, directory
+    raise newest or ResumeError(f"resume pointer {pointer} names no saved state in {run_dir / STATE_DIR}")
 
 
 def _check_part(directory: Path, name: str) -> None:

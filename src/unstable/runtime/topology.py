@@ -131,6 +131,7 @@ def build_topology(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> Topol
         cfg.learner.algorithm.build(),
         cfg=cfg.learner,
         dtype=cfg.model.dtype,
+        inference_servers=ray.get(collector.inference_servers.remote()),
     )
     return Topology(run_dir, tracker, buffer, pool, collector, learner)
 

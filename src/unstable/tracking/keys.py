@@ -34,6 +34,9 @@ MEAN_COMPLETION_TOKENS = "learner/mean_completion_tokens"
 STALENESS_MEAN = "learner/staleness_mean"
 STALENESS_MAX = "learner/staleness_max"
 STALE_DROPPED = "learner/stale_dropped"
+# steps left out of the update because `learner.policy.max_train_len` cut off their whole completion (no token to
+# train on), with those cut to keep the learners' shards equal
+TRUNCATED_DROPPED = "learner/truncated_dropped"
 SKIPPED_UPDATES = "learner/skipped_updates"  # optimizer steps skipped in this update for a non-finite gradient
 SKIPPED_UPDATES_TOTAL = "learner/skipped_updates_total"
 UPDATE_SECONDS = "learner/update_seconds"
@@ -48,6 +51,9 @@ WAIT_SHARE = "learner/wait_share"  # wait_seconds / step_seconds: the share of t
 # before it); 0 for a step after one that saved none
 STATE_SAVE_SECONDS = "learner/state_save_seconds"
 TRAIN_TOKENS_PER_S = "learner/tokens_per_s"
+# seconds from the end of this step's update until its policy was registered with the pool, servable: handed to the
+# inference engines in memory (`learner.weight_handover: memory`), else its checkpoint folder written
+WEIGHT_SYNC_SECONDS = "learner/weight_sync_seconds"
 
 # collector: counts and throughput over the games finished since the previous row
 GAMES_PER_S = "collector/games_per_s"

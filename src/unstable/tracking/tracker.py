@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import tempfile
 import time
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
@@ -55,14 +56,21 @@ def entropy_bits(items: Iterable[Any]) -> float:
 
 
 def cannot_make(path: Path) -> str | None:
-    """Why directory `path` could not be made (its nearest existing ancestor, or itself, is a file, or a directory
-    this process may not write into), or None when it can be. Nothing is created to find out."""
+    """Why directory `path` could not be made (its nearest existing ancestor, or itself, is a file, a directory this
+    process may not write into, or one that takes no new directory, as /proc), or None when it can be. Nothing is
+    left behind to find out (a probe directory is made in the nearest existing ancestor and removed)."""
     existing = Path(path).absolute()
     while not existing.exists() and existing.parent != existing:
         existing = existing.parent
     if not existing.is_dir():
         return f"{existing} is a file"
-    return None if os.access(existing, os.W_OK | os.X_OK) else f"{existing} is not writable"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".unstable-probe-", dir=existing))
+    except OSError as exc:
+        return f"{existing} takes no new directory ({exc.strerror})"
+    return None
 
 
 def new_run_dir(path: Path) -> Path:
