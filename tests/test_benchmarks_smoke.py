@@ -59,6 +59,11 @@ SMOKES = {
         "per-step slope",
     ),
     "benchmarks/tictactoe_heuristics.py": (["--games", "50"], None, "win rate vs random"),
+    "benchmarks/env_concurrency.py": (
+        ["--games", "4", "--sleep-ms", "5", "--seconds", "1", "--out", f"{TMP}/env_concurrency.json"],
+        "env_concurrency.json",
+        "ratio 4 / 1",
+    ),
     "benchmarks/tictactoe_probe.py": ([TINY, "--positions", "8", "--out", f"{TMP}/probe.json"], "probe.json", "center"),
     "experiments/warm_start.py": (
         ["--games", "4", "--held-out", "4", "--updates", "2", "--eval-every", "1", "--batch-size", "4"]

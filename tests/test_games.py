@@ -3,6 +3,8 @@
 import copy
 import logging
 import random
+import threading
+import time
 from random import shuffle as random_shuffle
 
 import numpy as np
@@ -180,3 +182,72 @@ def test_a_game_draws_from_its_own_random_states_whatever_else_draws():
     assert (np.random.get_state()[1] == outside[1]).all()
     twin = copy.deepcopy(first)
     assert _rolls(twin, 3) == _rolls(first, 3)  # a copy goes on from the same states
+
+
+class _ServiceEnv:
+    """An env whose every step waits 50 ms for a remote service (a jury of models) and draws a card."""
+
+    calls_in_progress = 0
+    most_at_once = 0
+    lock = threading.Lock()
+
+    def reset(self, num_players, seed=None):
+        random.seed(seed)
+
+    def step(self, action):
+        with _ServiceEnv.lock:
+            _ServiceEnv.calls_in_progress += 1
+            _ServiceEnv.most_at_once = max(_ServiceEnv.most_at_once, _ServiceEnv.calls_in_progress)
+        time.sleep(0.05)
+        card = random.randint(1, 1000)
+        with _ServiceEnv.lock:
+            _ServiceEnv.calls_in_progress -= 1
+        return False, card
+
+
+def test_games_waiting_on_a_service_in_their_env_calls_wait_side_by_side_with_their_own_chance():
+    """Env calls of different games run at once (they ran one at a time under a process-wide lock, so an env that
+    calls a network service serialised every game), and each game still draws its own cards."""
+    expected = OwnRandomEnv(_ServiceEnv(), seed=7)
+    expected.reset(num_players=2, seed=7)
+    cards = [expected.step("x")[1] for _ in range(3)]
+    _ServiceEnv.most_at_once = 0
+    games = [OwnRandomEnv(_ServiceEnv(), seed=7) for _ in range(8)]
+    drawn = [[] for _ in games]
+
+    def play(index):
+        games[index].reset(num_players=2, seed=7)
+        drawn[index] += [games[index].step("x")[1] for _ in range(3)]
+
+    threads = [threading.Thread(target=play, args=(i,)) for i in range(len(games))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert _ServiceEnv.most_at_once > 1  # 1 before
+    assert drawn == [cards] * len(games)
+
+
+def test_no_textarena_module_holds_a_global_generator_function_imported_by_name():
+    """Routing reaches draws through `random.*` and `np.random.*`; `random` or numpy functions imported by name
+    before it (`from numpy.random import rand`) would draw outside the game's generators."""
+    import importlib
+    import pkgutil
+    import sys
+
+    import textarena
+
+    for module in pkgutil.walk_packages(textarena.__path__, "textarena.", onerror=lambda name: None):
+        try:
+            importlib.import_module(module.name)
+        except Exception:  # noqa: BLE001, S112 - an optional dependency some env lacks: not one we play
+            continue
+    generators = (random._inst, np.random.mtrand._rand)
+    captured = [
+        f"{name}.{attribute}"
+        for name, module in list(sys.modules.items())
+        if name.startswith("textarena")
+        for attribute, value in vars(module).items()
+        if any(getattr(value, "__self__", None) is generator for generator in generators)
+    ]
+    assert captured == []
