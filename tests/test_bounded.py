@@ -85,6 +85,22 @@ def test_states_every_5_steps_keep_the_newest_2_and_the_checkpoints_their_pools_
     assert resume.saved_steps(tmp_path / "checkpoints", "ckpt-") == [10, 11, 12, 13]
 
 
+def test_retention_keeps_the_checkpoint_a_game_in_flight_plays(tiny_model_dir, tmp_path, one_torch_thread):
+    """A game that started on step 1's checkpoint and outlives retention's last 2 steps keeps its folder (it was
+    deleted, and the adapter's reload failed); released, the next prune lets it go."""
+    loop = _loop(tiny_model_dir, tmp_path, num_steps=6)
+    loop.train(1)
+    loop.model_pool.hold([1])
+    loop.train(4)
+    loop.save_state()
+    loop.writer.wait()
+    assert resume.saved_steps(tmp_path / "checkpoints", "ckpt-") == [1, 3, 4, 5]
+    loop.model_pool.release([1])
+    loop.train(1)
+    loop.close()
+    assert 1 not in resume.saved_steps(tmp_path / "checkpoints", "ckpt-")
+
+
 def test_the_state_is_written_off_the_learners_path_one_write_at_a_time(tmp_path, monkeypatch):
     release, writing = threading.Event(), threading.Event()
     write = resume.write_snapshot

@@ -52,6 +52,19 @@ def test_a_one_player_game_is_rated_against_the_env(tmp_path):
     assert pool.games_played == 4
 
 
+def test_a_game_holds_the_checkpoints_it_plays_until_it_ends(tmp_path):
+    """Retention may not delete the folder of a checkpoint a game in flight plays (it would load it again): the
+    game holds its checkpoints in the pool from its start to its end, failed or not."""
+    spec = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
+    collector, pool, _ = _collector(tmp_path, spec, PoolConfig(sample_mode="mirror"))
+    pool.add_checkpoint("ckpt-3-folder", iteration=3)
+    held = []
+    generate = collector.client.generate
+    collector.client.generate = lambda request: held.append(pool.in_play()) or generate(request)
+    collector.play_one(is_eval=False)
+    assert held and all(versions == [3] for versions in held) and pool.in_play() == []
+
+
 def test_a_three_player_game_seats_an_opponent_in_every_other_seat_and_updates_ratings(tmp_path):
     spec = EnvSpec("ThreePlayerTicTacToe-v0-train", 3, "qwen3-zs")
     collector, pool, buffer = _collector(tmp_path, spec, PoolConfig(sample_mode="fixed", fixed_opponents=["random"]))

@@ -167,3 +167,22 @@ def test_the_dashboard_follows_a_live_run_under_tmux(tmp_path, tiny_model_dir):
     last_rows = read_rows(run_dir)
     final_loss = [row for row in last_rows if keys.LOSS in row][-1][keys.LOSS]
     assert f"{final_loss:+.4f}" in frames[-1]
+
+
+def test_the_evaluation_panel_says_which_games_each_number_counts():
+    """A run with no eval games during training: its window holds only the start evaluation, which the panel
+    showed as "last 1000 games W 0.43" and a flat "win trend" above "eval end W 0.55"; now it says there were
+    none during training, then the start and end evaluations; and the starting policy is named as such."""
+    table = {"games": 1000, "win_rate": 0.43, "draw_rate": 0.1, "loss_rate": 0.47, "win_ci": [0.40, 0.46]}
+    window = {keys.EVAL_GAMES: 1000, keys.EVAL_WIN_RATE: 0.43, keys.EVAL_WIN_LOW: 0.40, keys.EVAL_WIN_HIGH: 0.46}
+    window |= {keys.EVAL_DRAW_RATE: 0.1, keys.EVAL_LOSS_RATE: 0.47, keys.TOTAL_EVAL_GAMES: 1000}
+    ladder = [{"agent": "ckpt--1", "mu": 25.0, "sigma": 1.0, "conservative": 22.0, "games": 40}]
+    rows = [{keys.STEP: 0, "eval_start": table} | window]
+    rows += [{keys.STEP: k, keys.POOL_LADDER: ladder} | window for k in (1, 2)]
+    rows += [{"final": True, "eval_start": table, "eval_end": table | {"win_rate": 0.55, "win_ci": [0.52, 0.58]}}]
+    console = Console(width=120, record=True, file=open(os.devnull, "w"))
+    console.print(panels.evaluation(rows), panels.ladder(rows))
+    frame = console.export_text()
+    assert "last 1000" not in frame and "win trend" not in frame
+    assert "no eval games" in frame and "eval start" in frame and "W 0.43" in frame and "W 0.55" in frame
+    assert "start (ckpt--1)" in frame

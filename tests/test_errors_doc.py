@@ -118,6 +118,16 @@ def _run_dir_under_proc(tmp_path: Path) -> None:
     check_run_dir(load_config(tmp_path / "config.yaml", ["run.dir=/proc/unstable/runs"]))
 
 
+def _api_endpoint_not_a_url(tmp_path: Path) -> None:
+    from unstable.agents.api import BASE_URL_ENV
+
+    os.environ[BASE_URL_ENV] = "openrouter.ai/api"  # no scheme: every request would fail mid-run
+    try:
+        _with("pool.fixed_opponents=[google/gemini-2.0-flash-lite-001]", "pool.sample_mode=fixed")(tmp_path)
+    finally:
+        del os.environ[BASE_URL_ENV]
+
+
 def _cli(*argv: str):
     """A check that runs the `unstable` subcommand `argv` (`a-file` is a file and `broken` a model whose config.json
     is broken, both in the test's directory) up to its first error."""
@@ -223,6 +233,12 @@ CASES = [
     ("a model whose config.json is broken", _broken_model_config, "model.path"),
     ("a model directory without a tokenizer", _model_without_tokenizer, "model.path"),
     ("a run.dir that cannot be made (under a file)", _run_dir_under_a_file, "run.dir"),
+    ("an API opponent's endpoint that is not a URL", _api_endpoint_not_a_url, "UNSTABLE_API_BASE_URL"),
+    (
+        "a LoRA rank above vLLM's largest (refused before the warm start)",
+        _with("inference.backend=vllm", "learner.policy.lora={lora_rank: 1024}"),
+        "lora_rank",
+    ),
     ("a run.dir that cannot be made (under /proc, which takes no new directories)", _run_dir_under_proc, "run.dir"),
     ("10^11 training games in flight", _with("collector.num_workers=100000000000"), "collector.num_workers"),
     ("10^9 evaluation games", _with("evaluation.games_at_end=1000000000"), "evaluation.games_at_end"),

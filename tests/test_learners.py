@@ -343,3 +343,19 @@ def test_two_sharded_full_fine_tuning_learners_through_unstable_train_log_each_s
     assert rows[-1]["final"] is True and _latest_step(run_dir) == 2
     whole = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "ckpt-2")  # rank 0 gathered and saved it
     assert whole.num_parameters() == AutoModelForCausalLM.from_pretrained(tiny_model_dir).num_parameters()
+
+
+@pytest.mark.slow  # runs of unstable train
+def test_a_learner_rank_that_fails_stops_the_run_at_once_naming_it(tiny_model_dir, tmp_path, monkeypatch):
+    """Rank 1 fails its first update while rank 0 waits for it in the gradients' all-reduce: the run stops with
+    rank 1's error as its cause, exit status 1 (rank 0 waited for the collective timeout, 30 minutes, before)."""
+    from unstable.runtime.actors import FAIL_RANK_ENV
+
+    overrides = tiny_run(tmp_path, tiny_model_dir, "failing-rank", "warm_start=null", "learner.num_learners=2")
+    monkeypatch.setenv(FAIL_RANK_ENV, "1")
+    run = _start([str(EXAMPLE), *[arg for o in overrides for arg in ("--set", o)]], None, tmp_path)
+    output = run.communicate(timeout=300)[0].decode()  # a hang fails here
+    assert run.returncode == 1, output[-3000:]
+    assert "learner rank 1 failed" in output and FAIL_RANK_ENV in output, output[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "failing-rank" / "metrics.jsonl").read_text().splitlines()]
+    assert "learner rank 1 failed" in rows[-1][keys.RUN_STOPPED]

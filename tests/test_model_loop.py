@@ -151,6 +151,30 @@ def test_server_evicts_least_recently_used_adapter(tiny_model_dir, tmp_path):
         server.generate(GenerationRequest(PROMPT, paths[0]))
 
 
+def test_an_adapter_that_fails_to_load_fails_only_the_requests_naming_it(tiny_model_dir, tmp_path):
+    """Requests admitted together, one naming an adapter whose folder is gone: it fails with the cause, the others
+    are served (every request admitted with it failed before)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=2, target_modules=["q_proj"])
+    )
+    model.save_pretrained(tmp_path / "good")
+    good, gone = Checkpoint("good", str(tmp_path / "good")), Checkpoint("gone", str(tmp_path / "deleted"))
+    server = InferenceServer(
+        lambda: TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=2)),
+        InferenceConfig(batch_wait_ms=300, max_loras=2),
+    )
+    server.start()
+    futures = [server.submit(GenerationRequest(PROMPT, c)) for c in (good, gone, None, good)]
+    assert all(futures[i].result(timeout=60).completion_token_ids for i in (0, 2, 3))
+    with pytest.raises(FileNotFoundError):
+        futures[1].result(timeout=60)
+    assert server.stats()["inference/batches"] >= 1 and server.generate(GenerationRequest(PROMPT, good))
+    server.stop()
+
+
 def test_full_finetuning_checkpoint_replaces_served_weights(tiny_model_dir, tmp_path):
     pool = ModelPool()
     base = pool.add_checkpoint(None, -1)

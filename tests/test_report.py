@@ -14,6 +14,7 @@ from unstable.report import data, write_report
 from unstable.report.write import summary_markdown
 from unstable.tracking import Tracker, TrackerConfig, keys
 from unstable.tracking.history import latest_value, read_rows
+from unstable.tracking.tracker import summarize_game
 
 RECORDED_RUN = Path(__file__).parent / "fixtures" / "recorded_run"
 
@@ -57,11 +58,6 @@ def test_plot_data_are_the_jsonl_values():
     assert points["sigma"] == [e["sigma"] for e in checkpoints]
 
     table = raw[-1][keys.POOL_MATCH_MATRIX]
-    training = data.training_win_rate(rows, "tictactoe-minimax", window=5)
-    cells = [table[f"ckpt-{k}"]["tictactoe-minimax"] for k in range(1, 6) if "tictactoe-minimax" in table[f"ckpt-{k}"]]
-    assert training["steps"][0] == 5 and training["games"][0] == sum(c["games"] for c in cells)
-    assert training["win_rate"][0] == pytest.approx(sum(c["wins"] for c in cells) / training["games"][0])
-
     matrix = data.match_matrix(rows)
     i, j = matrix["agents"].index("tictactoe-minimax"), matrix["agents"].index("ckpt--1")
     assert matrix["win_rate"][i][j] == table["tictactoe-minimax"]["ckpt--1"]["win_rate"]
@@ -122,20 +118,27 @@ def test_the_ladder_table_gives_games_and_marks_provisional_agents():
     assert "| ckpt-4 (provisional) | 37.00 | 3.00 | 28.00 | 8 |" in markdown
 
 
-def test_checkpoints_the_pool_forgot_stay_in_the_report_from_the_tables_that_held_them(tmp_path):
-    """A pool keeping 1 retired checkpoint, its tables written at every step: each of the 6 checkpoints is in some
-    table, so the report shows the rating and the training games of every one, not only those the pool still holds."""
+def test_the_training_curve_counts_every_game_of_the_window_the_pool_kept_or_forgot(tmp_path):
+    """A pool keeping 1 retired checkpoint, forgetting the others: the report's ratings still show every
+    checkpoint (from the tables that held them), and its training curve is the collector's window over every game,
+    whichever checkpoint played it (it pooled the match matrix's surviving checkpoints before: the best rated)."""
     pool = ModelPool(PoolConfig(fixed_opponents=["random"], max_active_lora=1, max_retired=1))
-    tracker = Tracker(tmp_path, cfg=TrackerConfig(tables_every=1, tensorboard=False, wandb="disabled"))
+    tracker = Tracker(tmp_path, cfg=TrackerConfig(tables_every=1, window_games=8, tensorboard=False, wandb="disabled"))
     tracker.add_source(pool)
     for k in range(1, 7):
         pool.add_checkpoint(f"/ckpt-{k}", iteration=k)
         for seed in range(4):
             rewards = {0: 1.0 if seed < k % 3 + 1 else 0.0, 1: 0.0}  # ckpt-k wins k % 3 + 1 of its 4 games
-            pool.record_game(GameRecord("TicTacToe-v0-train", seed, {0: f"ckpt-{k}", 1: "random"}, (), rewards))
+            record = GameRecord(
+                "TicTacToe-v0-train", seed, {0: f"ckpt-{k}", 1: "random"}, (), rewards, learner_player_ids=(0,)
+            )
+            pool.record_game(record)
+            tracker.add_game(summarize_game(record))
         tracker.log({keys.STEP: k})
     rows = read_rows(tmp_path)
     assert len(latest_value(rows, keys.POOL_LADDER)) == 3  # random, the active checkpoint, 1 retired
     assert data.checkpoint_ratings(rows)["steps"] == [1, 2, 3, 4, 5, 6]
-    training = data.training_win_rate(rows, "random", window=2)
-    assert training == {"steps": [2, 4, 6], "win_rate": [5 / 8, 3 / 8, 4 / 8], "games": [8, 8, 8]}
+    training = data.training_win_rate(rows, "random")
+    wins = [k % 3 + 1 for k in range(1, 7)]  # per checkpoint, of 4 games; the window holds the last 8 games
+    expected = [wins[0] / 4] + [(wins[k - 1] + wins[k]) / 8 for k in range(1, 6)]
+    assert training == {"steps": [1, 2, 3, 4, 5, 6], "win_rate": pytest.approx(expected), "games": [4] + [8] * 5}

@@ -1,6 +1,6 @@
 """A run's own files name its paths absolute or relative to its directory: resumed from another working directory,
-and moved or copied elsewhere, it goes on from where it stopped; with its newest state cut in half by a lost write,
-it goes on from the state before."""
+and moved or copied elsewhere, it goes on from where it stopped, keeping its start-of-run evaluation; with its
+newest state cut in half by a lost write, it goes on from the state before."""
 
 import json
 import shutil
@@ -18,8 +18,9 @@ pytestmark = pytest.mark.slow  # runs of unstable train
 
 
 def _steps(run_dir: Path) -> list[int]:
+    """The learner steps logged, after checking the final row holds the start-of-run evaluation of row 0."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["final"] is True
+    assert rows[-1]["final"] is True and rows[-1]["eval_start"]["games"] == 2  # a resumed run lost it before
     return [r[keys.STEP] for r in rows if keys.STEP in r]
 
 
@@ -36,6 +37,7 @@ def test_a_run_moved_elsewhere_resumes_from_another_directory_and_finishes(tiny_
         "warm_start.batch_size=8",
         "learner.policy.lora={lora_rank: 4, lora_alpha: 8}",
         "learner.resume_state.every_steps=1",
+        "evaluation.games_at_start=2",
     )
     assert main(["train", str(EXAMPLE), *[arg for o in overrides for arg in ("--set", o)]]) == 0
     moved = tmp_path / "elsewhere" / "moved"

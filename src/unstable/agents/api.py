@@ -13,9 +13,10 @@ import logging
 import os
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from unstable.games.actions import extract_action
 from unstable.games.agent import Agent
@@ -42,6 +43,7 @@ class APISettings(Settings):
 
     base_url: str = Field(
         default_factory=lambda: os.environ.get(BASE_URL_ENV, DEFAULT_BASE_URL),
+        validate_default=True,  # the environment's value is checked too
         description=f"Endpoint root; '/chat/completions' is appended. Default: ${BASE_URL_ENV}, else OpenRouter.",
     )
     api_key_env: str = Field(
@@ -53,6 +55,14 @@ class APISettings(Settings):
     backoff_s: float = Field(1.0, ge=0, description="Wait before the first retry, doubled for each further one.")
     temperature: float = Field(0.7, ge=0, description="Sampling temperature sent with every request.")
     max_tokens: int = Field(512, gt=0, description="Completion length limit sent with every request.")
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urllib.parse.urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"{value!r} is not an http(s) URL (the endpoint root, from ${BASE_URL_ENV})")
+        return value
 
     @classmethod
     def from_env(cls) -> APISettings:

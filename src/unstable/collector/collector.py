@@ -210,10 +210,13 @@ class Collector:
             lambda pid: make_agent(opponent_of[pid], self.client, template, self.tokenizer, seed + pid, game=seed),
             mirror=not is_eval and bool(opponents) and all(o.checkpoint == learner for o in opponents),
         )
+        held = [c.version for c in (learner, *(o.checkpoint for o in opponents)) if c is not None]
+        self.model_pool.hold(held)  # retention keeps their folders while the game plays them
         try:
             records = self._play(spec, agents, seed, is_eval, learner_ids, opponents)
         finally:
             self.client.end_game(seed)  # the inference client forgets the game's server
+            self.model_pool.release(held)
         if not is_eval:
             if self.cfg.vines.enabled:
                 self.vine_stats.add(records)

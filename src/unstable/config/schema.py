@@ -155,6 +155,22 @@ class RunConfig(Settings):
         return self
 
     @model_validator(mode="after")
+    def _api_opponents_have_an_endpoint(self) -> RunConfig:
+        names = self.pool.fixed_opponents + self.collector.evaluation_opponents
+        api = [name for name in names if parse_opponent(name).api_model]
+        if api:
+            from pydantic import ValidationError as SettingsError
+
+            from unstable.agents.api import APISettings
+
+            try:
+                APISettings.from_env()
+            except SettingsError as exc:
+                problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
+                raise ValueError(f"API opponent {api[0]!r}: base_url {problem}") from None
+        return self
+
+    @model_validator(mode="after")
     def _buffer_holds_a_batch(self) -> RunConfig:
         batch, room = self.learner.batch_size, self.buffer.max_buffer_size
         if batch > room:

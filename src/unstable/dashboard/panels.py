@@ -11,7 +11,14 @@ from rich.text import Text
 
 from unstable.dashboard.system import Gauge
 from unstable.tracking import keys
-from unstable.tracking.history import busiest_agents, eval_window_rows, final_row, latest_value, learner_rows, series
+from unstable.tracking.history import (
+    agent_label,
+    busiest_agents,
+    eval_window_rows,
+    final_row,
+    latest_value,
+    series,
+)
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 HEATMAP_AGENTS = 6  # the match heatmap shows the agents with the most games, up to this many
@@ -185,7 +192,7 @@ def ladder(rows: list[dict[str, Any]], limit: int = 10) -> Panel:
     for entry in latest_value(rows, keys.POOL_LADDER, [])[:limit]:
         numbers = [f"{entry[name]:.1f}" for name in ("mu", "sigma", "conservative")]
         table.add_row(
-            entry["agent"],
+            agent_label(entry["agent"]),
             *numbers,
             _fmt(entry.get("games"), "d"),
             _fmt(entry.get("win_probability"), ".2f"),
@@ -207,7 +214,7 @@ def match_heatmap(rows: list[dict[str, Any]]) -> Panel:
     for agent in agents:
         opponents = matrix.get(agent, {})
         cells = [_heat_cell(opponents[o]["win_rate"]) if o in opponents else Text("·", style="dim") for o in agents]
-        table.add_row(agent, *cells, str(sum(cell["games"] for cell in opponents.values())))
+        table.add_row(agent_label(agent), *cells, str(sum(cell["games"] for cell in opponents.values())))
     return Panel(table, title="match heatmap: win rate of row vs column")
 
 
@@ -217,27 +224,32 @@ def _heat_cell(rate: float) -> Text:
 
 
 def evaluation(rows: list[dict[str, Any]]) -> Panel:
-    """The eval W/D/L against the eval opponents (rolling window) with the win rate's 95% interval, the
-    win-rate trend, and the start and end evaluations of a finished run."""
-    latest = next((r for r in reversed(learner_rows(rows)) if r.get(keys.EVAL_GAMES)), {})
+    """The eval W/D/L of the eval games played during training (the rolling window, collector.num_eval_workers),
+    with the win rate's 95% interval and its trend, then the start and end evaluations, each line saying which games
+    it counts (the window of a run with no eval games during training holds only the start evaluation, which it
+    showed as "last N games")."""
+    during = [row for row in eval_window_rows(rows) if row[keys.STEP] > 0]  # row 0's window: the start evaluation
     table = Table.grid(padding=(0, 1))
-    if latest:
+    if during:
+        latest = during[-1]
         win, low, high = latest[keys.EVAL_WIN_RATE], latest[keys.EVAL_WIN_LOW], latest[keys.EVAL_WIN_HIGH]
         draw, loss = latest[keys.EVAL_DRAW_RATE], latest[keys.EVAL_LOSS_RATE]
-        table.add_row(f"last {latest[keys.EVAL_GAMES]} games", f"W {win:.2f} D {draw:.2f} L {loss:.2f}")
-        table.add_row("win 95% CI", f"[{low:.2f}, {high:.2f}]  n={latest[keys.EVAL_GAMES]}")
+        games = latest[keys.EVAL_GAMES]
+        table.add_row(f"training, last {games} eval games", f"W {win:.2f} D {draw:.2f} L {loss:.2f}")
+        table.add_row("win 95% CI", f"[{low:.2f}, {high:.2f}]  n={games}")
         table.add_row("", interval_bar(low, win, high))
+        table.add_row("win trend", trend([row[keys.EVAL_WIN_RATE] for row in during], 30, ".2f", "cyan"))
     else:
-        table.add_row("recent games", "no eval games yet")
-    wins = [row[keys.EVAL_WIN_RATE] for row in eval_window_rows(rows)]
-    table.add_row("win trend", trend(wins, 30, ".2f", "cyan"))
+        table.add_row("during training", "no eval games (collector.num_eval_workers)")
     final = final_row(rows)
-    for label in ("eval_start", "eval_end"):
-        if final.get(label, {}).get("games"):
-            result = final[label]
+    start = final.get("eval_start") or next(
+        (r["eval_start"] for r in rows if r.get(keys.STEP) == 0 and "eval_start" in r), {}
+    )
+    for label, result in (("eval start", start), ("eval end", final.get("eval_end", {}))):
+        if result.get("games"):
             low, high = result["win_ci"]
             table.add_row(
-                label.replace("_", " "),
+                label,
                 f"W {result['win_rate']:.2f} [{low:.2f}, {high:.2f}] D {result['draw_rate']:.2f} "
                 f"L {result['loss_rate']:.2f} n={result['games']}",
             )

@@ -251,7 +251,10 @@ class InferenceServer:
         start = time.perf_counter()
         running = len(self._engine)
         try:
-            self._make_resident([r.checkpoint for _, (r, _) in admitted if r.checkpoint and r.checkpoint.is_adapter])
+            failed = self._make_resident(
+                [r.checkpoint for _, (r, _) in admitted if r.checkpoint and r.checkpoint.is_adapter]
+            )
+            admitted = self._without_failed_adapters(admitted, failed)
             finished = self._engine.add([(tag, request) for tag, (request, _) in admitted])
         except Exception as exc:  # noqa: BLE001 - the callers see the error through their futures
             log.exception("admitting %d requests failed", len(admitted))
@@ -368,10 +371,12 @@ class InferenceServer:
             return checkpoint
         return self._full_weights
 
-    def _make_resident(self, checkpoints: list[Checkpoint]) -> None:
-        """Load the adapters `checkpoints` name, evicting the least recently used ones no running row needs."""
+    def _make_resident(self, checkpoints: list[Checkpoint]) -> dict[str, Exception]:
+        """Load the adapters `checkpoints` name, evicting the least recently used ones no running row needs; returns
+        the error of each adapter that failed to load, by uid (logged; the others load regardless)."""
         needed = {c.uid: c for c in checkpoints}
         keep = needed.keys() | self._engine.adapters_in_use()
+        failed: dict[str, Exception] = {}
         for uid, checkpoint in needed.items():
             if uid in self._resident:
                 self._resident.move_to_end(uid)
@@ -380,11 +385,28 @@ class InferenceServer:
                 victim = next(u for u in self._resident if u not in keep)
                 self._backend.unload_adapter(victim)
                 del self._resident[victim]
-            if (served := self._in_memory(checkpoint)) is not None:
-                self._backend.load_adapter_tensors(uid, *served)
-            else:
-                self._backend.load_adapter(self._on_disk(checkpoint))
+            try:
+                if (served := self._in_memory(checkpoint)) is not None:
+                    self._backend.load_adapter_tensors(uid, *served)
+                else:
+                    self._backend.load_adapter(self._on_disk(checkpoint))
+            except Exception as exc:  # noqa: BLE001 - the requests naming it see the error
+                log.error("loading adapter %s from %s failed: %r", uid, checkpoint.path, exc)
+                failed[uid] = exc
+                continue
             self._resident[uid] = checkpoint
+        return failed
+
+    def _without_failed_adapters(self, admitted: list, failed: dict[str, Exception]) -> list:
+        """`admitted` less the requests naming an adapter in `failed`, whose callers get its error."""
+        kept = []
+        for tag, (request, future) in admitted:
+            ckpt = request.checkpoint
+            if ckpt is not None and ckpt.is_adapter and ckpt.uid in failed:
+                future.set_exception(failed[ckpt.uid])
+            else:
+                kept.append((tag, (request, future)))
+        return kept
 
     def _close(self, reason: str) -> None:
         """Take no more requests and fail every pending one with RuntimeError(`reason`)."""

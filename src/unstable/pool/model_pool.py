@@ -6,6 +6,7 @@ How each training game's opponent is drawn is one function of `pool.sampling.SAM
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import asdict
 from typing import Any
 
@@ -36,6 +37,7 @@ class ModelPool:
         self.registered = 0
         self.games_played = 0
         self._rng = random.Random(seed)
+        self._in_play: Counter[int] = Counter()  # checkpoint version -> games in flight playing it (not saved)
 
     def add_checkpoint(self, path: str | None, iteration: int, kind: str = "lora") -> Checkpoint:
         """Register a new learner checkpoint (path None = base model). It starts from the rating prior, as a new
@@ -47,6 +49,20 @@ class ModelPool:
         self.registered += 1
         self._forget_retired()
         return checkpoint
+
+    def hold(self, versions: list[int]) -> None:
+        """A game starts playing the checkpoints of `versions` (one entry per seat it plays): their folders stay
+        until it ends (`release`), however many updates retention has let them go by."""
+        self._in_play.update(versions)
+
+    def release(self, versions: list[int]) -> None:
+        """The game that `hold` named `versions` for ended."""
+        self._in_play.subtract(versions)
+        self._in_play = +self._in_play  # drop the zeros
+
+    def in_play(self) -> list[int]:
+        """The versions of the checkpoints games in flight play."""
+        return sorted(self._in_play)
 
     def latest(self) -> Checkpoint:
         """The newest checkpoint: what the learning seat plays with."""

@@ -100,22 +100,18 @@ def reference_opponent(rows: list[dict[str, Any]]) -> str | None:
     return max(fixed, key=lambda agent: games[agent], default=None)
 
 
-def training_win_rate(rows: list[dict[str, Any]], opponent: str, window: int = 10) -> dict[str, list[float]]:
-    """Win rate of the learner's checkpoints in their training games against `opponent` (each checkpoint's row of
-    the match matrix by `newest_by_agent`), pooled over the checkpoints of steps 1-`window`, `window`+1-2`window`,
-    ... and placed at each group's last step."""
-    matrix = newest_by_agent(rows, keys.POOL_MATCH_MATRIX)
-    groups: dict[int, list[tuple[int, dict[str, int]]]] = {}
-    for agent, cells in matrix.items():
-        kind, negative_step, _ = agent_order(agent)
-        if kind == 0 and -negative_step >= 1 and opponent in cells:
-            groups.setdefault((-negative_step - 1) // window, []).append((-negative_step, cells[opponent]))
+def training_win_rate(rows: list[dict[str, Any]], opponent: str) -> dict[str, list[float]]:
+    """The learner's win rate in its training games against `opponent` over the collector's rolling window of
+    training games (`collector/wdl_by_opponent`), at each learner step whose window holds such games: every game of
+    the window counts, whichever checkpoint played it, so the curve is the numbers `unstable train` printed. (Pooling
+    the match matrix's checkpoint rows counted only the checkpoints the pool still kept: the best rated.)"""
     curve: dict[str, list[float]] = {"steps": [], "win_rate": [], "games": []}
-    for _, group in sorted(groups.items(), key=lambda item: item[0]):
-        games = sum(cell["games"] for _, cell in group)
-        curve["steps"].append(max(step for step, _ in group))
-        curve["win_rate"].append(sum(cell["wins"] for _, cell in group) / games)
-        curve["games"].append(games)
+    for row in learner_rows(rows):
+        cell = row.get(keys.TRAIN_WDL_BY_OPPONENT, {}).get(opponent)
+        if cell and cell["games"]:
+            curve["steps"].append(row[keys.STEP])
+            curve["win_rate"].append(cell["win_rate"])
+            curve["games"].append(cell["games"])
     return curve
 
 

@@ -42,7 +42,7 @@ def plot_eval(rows: list[dict[str, Any]], path: Path) -> None:
     reference = data.reference_opponent(rows)
     training = data.training_win_rate(rows, reference) if reference else {"steps": []}
     if training["steps"]:
-        label = f"training games vs {reference} (10 checkpoints each)"
+        label = f"training games vs {reference} (the collector's rolling window, up to {max(training['games'])} games)"
         ax.plot(training["steps"], training["win_rate"], linestyle="--", color="tab:orange", label=label)
     final = final_row(rows)
     last_step = max((row[keys.STEP] for row in learner_rows(rows)), default=0)

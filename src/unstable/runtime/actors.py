@@ -17,7 +17,9 @@ import functools
 import hashlib
 import importlib.util
 import logging
+import os
 import secrets
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -233,7 +235,7 @@ class CollectorActor(Collector):
         client = InferenceClient(proxies, by_game=inference.routing == "game", unavailable=_actor_gone)
         super().__init__(
             client,
-            RemoteProxy(model_pool, fire_and_forget={"record_game"}),
+            RemoteProxy(model_pool, fire_and_forget={"record_game", "hold", "release"}),
             RemoteProxy(step_buffer, fire_and_forget={"add_game"}),
             RemoteProxy(tracker, fire_and_forget={"add_game"}),
             cfg,
@@ -479,11 +481,34 @@ def rank_options(rank: int, num_gpus: float) -> dict[str, Any]:
     }
 
 
+RANK_POLL_S = 0.5  # how often rank 0 looks at the other ranks' calls while its own runs
+# test hook: "<rank>" makes that learner rank's first update fail (a rank that breaks while the others wait for it
+# in a collective)
+FAIL_RANK_ENV = "UNSTABLE_TEST_FAIL_LEARNER_RANK"
+
+
+def _leaving_on_failure(method):
+    """`method` of a learner rank, which on an exception leaves the learners' process group before raising it: the
+    other ranks' collectives then fail at once instead of waiting for it until the collective timeout."""
+
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception:
+            log.error("learner rank %d failed in %s: leaving the process group", self.parallel.rank, method.__name__)
+            self.parallel.close()
+            raise
+
+    return wrapped
+
+
 @ray.remote(**SHELL)
 class LearnerRankActor(Learner):
     """Rank `rank` (> 0) of `cfg.num_learners` data-parallel learners, started by the rank-0 `LearnerActor`, which
     calls it together with its own learner (`RankZeroLearner`): it trains on its shard of each batch and saves,
-    registers and logs nothing. Its warnings go to `run_dir/logs/learner-<rank>.log`."""
+    registers and logs nothing. Its warnings go to `run_dir/logs/learner-<rank>.log`. A call that fails leaves the
+    process group, so the others fail at once (`_leaving_on_failure`)."""
 
     def __init__(self, model_name: str, algorithm: BaseAlgo, cfg: LearnerConfig, rank: int, run_dir: str, dtype: str):
         log_to_run_dir(run_dir, f"learner-{rank}")
@@ -494,6 +519,18 @@ class LearnerRankActor(Learner):
         """Join the learners' process group at rank 0's `address:port`."""
         self.parallel.join(address, port)
 
+    initialize = _leaving_on_failure(Learner.initialize)
+    load_state_dict = _leaving_on_failure(Learner.load_state_dict)
+    save_checkpoint = _leaving_on_failure(Learner.save_checkpoint)
+
+    @_leaving_on_failure
+    def train_step(self, steps: list) -> dict[str, Any]:
+        """This rank's part of the update on `steps`."""
+        if os.environ.get(FAIL_RANK_ENV) == str(self.parallel.rank):
+            raise RuntimeError(f"learner rank {self.parallel.rank} fails its update: {FAIL_RANK_ENV} is set")
+        return super().train_step(steps)
+
+    @_leaving_on_failure
     def state_dict(self) -> None:
         """Take part in gathering a sharded model's state onto rank 0, which keeps it; nothing comes back."""
         super().state_dict()
@@ -539,10 +576,41 @@ class RankZeroLearner(Learner):
         self._with_ranks("load_state_dict", super().load_state_dict, state)
 
     def _with_ranks(self, method: str, here, *args):
-        """Call `method` on the other ranks' actors, then `here` (rank 0's own), with `args` put in Ray's object
-        store once; returns rank 0's result once every rank finished."""
+        """Call `method` on the other ranks' actors and `here` (rank 0's own, on a thread), with `args` put in Ray's
+        object store once; returns rank 0's result once every rank finished. The other ranks are watched while
+        rank 0's call runs: one that fails raises its error (the cause) at once, however long rank 0's call would
+        wait for it in a collective (until the collective timeout, 30 minutes, before); the run then stops."""
         shared = [ray.put(arg) for arg in args]
         others = [getattr(rank, method).remote(*shared) for rank in self.ranks]
-        result = here(*args)
+        own: dict[str, Any] = {}
+        done = threading.Event()
+
+        def run_here() -> None:
+            try:
+                own["result"] = here(*args)
+            except Exception as exc:  # noqa: BLE001 - raised below, after the other ranks' cause
+                own["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=run_here, name=f"learner-rank-0-{method}", daemon=True).start()
+        while not done.wait(RANK_POLL_S):
+            if (failure := _rank_failure(others)) is not None:
+                raise failure
+        if "error" in own:
+            raise _rank_failure(others, wait_s=10.0) or own["error"]
         ray.get(others)
-        return result
+        return own["result"]
+
+
+def _rank_failure(calls: list, wait_s: float = 0.0) -> RuntimeError | None:
+    """The error of the first of the other ranks' `calls` (rank 1, 2, ...) that failed among those ended within
+    `wait_s`, None when none did."""
+    ended, _ = ray.wait(calls, num_returns=len(calls), timeout=wait_s)
+    for rank, call in enumerate(calls, 1):
+        if call in ended:
+            try:
+                ray.get(call)
+            except Exception as exc:  # noqa: BLE001 - returned as the cause
+                return RuntimeError(f"learner rank {rank} failed: {exc}")
+    return None

@@ -7,6 +7,7 @@ the same actors the same way.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
@@ -30,6 +31,8 @@ from unstable.tracking.history import TABLES_FILE, final_row, read_rows
 WARM_START_DIR = "warm-start"
 # the config fields that name the policy a run is on: a resumed run keeps them
 POLICY_FIELDS = ("model.path", "learner.policy.lora", "learner.policy.initial_lora_path", "warm_start")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -66,7 +69,7 @@ def run(
 ) -> RunSummary:
     """Evaluate the initial policy, train up to `cfg.learner.num_steps` updates while the collector plays, stop
     the collector, evaluate the final policy. Every row goes through the Tracker into `metrics.jsonl`. A run
-    resumed at `start_step` > 0 skips the initial evaluation (its row 0 is already in the file).
+    resumed at `start_step` > 0 skips the initial evaluation: its row 0, already in the file, holds the table.
 
     A learner that stops (RunStopped: no batch can come) ends the run without the final evaluation; the cause goes
     into the summary and the final row (`run/stopped`), as does a final evaluation whose every game failed."""
@@ -77,12 +80,13 @@ def run(
     start = time.time()
     t = topology
     learner_ready = t.learner.initialize.remote()
-    eval_start = {}
     if start_step == 0:
         eval_start = eval_table(ray.get(t.collector.evaluate.remote(cfg.evaluation.games_at_start)))
+    else:
+        eval_start = _logged_start_evaluation(t.run_dir)
     ray.get(learner_ready)
-    if start_step == 0:
-        on_row(ray.get(t.tracker.log.remote({keys.STEP: 0})))  # row 0: the initial policy's evaluation
+    if start_step == 0:  # row 0: the initial policy's evaluation
+        on_row(ray.get(t.tracker.log.remote({keys.STEP: 0, "eval_start": eval_start})))
     counts, step, stopped, eval_end = {"train": 0, "train_failed": 0}, start_step, None, {}
     if start_step < cfg.learner.num_steps:  # a run killed in its final evaluation has no step left to collect for
         collecting = t.collector.collect.remote(cfg.collector.num_workers, cfg.collector.num_eval_workers)
@@ -92,9 +96,11 @@ def run(
                 step += 1
         except RunStopped as exc:
             stopped = exc.reason
+        except ray.exceptions.RayTaskError as exc:  # an update failed: the run stops, saying why
+            stopped = f"the learner failed at step {step + 1}: {getattr(exc, 'cause', None) or exc}"
         ray.get(t.collector.stop.remote())
         counts = ray.get(collecting)
-    ray.get(t.learner.close.remote())  # the last state written
+    _close_learner(t, stopped)
     if stopped is None:
         eval_end = eval_table(ray.get(t.collector.evaluate.remote(cfg.evaluation.games_at_end)))
         stopped = _unable_to_play(eval_end)
@@ -113,6 +119,26 @@ def run(
         train_failed=counts["train_failed"],
         stopped=stopped,
     )
+
+
+def _close_learner(topology: Topology, stopped: str | None) -> None:
+    """The learner's last state written (`LearnerLoop.close`); after a stop, a failure to write it is logged (the
+    previous state stays), not raised over the cause."""
+    import ray
+
+    try:
+        ray.get(topology.learner.close.remote())
+    except ray.exceptions.RayError as exc:
+        if stopped is None:
+            raise
+        log.error("the last state was not written after the run stopped (%s): %s", stopped, exc)
+
+
+def _logged_start_evaluation(run_dir: Path) -> dict[str, Any]:
+    """The start-of-run evaluation table a resumed run logged in its row 0 (empty for a run logged before row 0
+    held it)."""
+    rows = read_rows(run_dir)
+    return next((row["eval_start"] for row in rows if row.get(keys.STEP) == 0 and "eval_start" in row), {})
 
 
 def _unable_to_play(table: dict[str, Any]) -> str | None:
@@ -284,9 +310,21 @@ def check_run_dir(cfg: RunConfig) -> None:
 
 
 def check_resources(cfg: RunConfig) -> None:
-    """Fail before any heavy start when the run asks for more GPUs than this machine has (on a local Ray; a
-    cluster given by RAY_ADDRESS is not checked here), or caps the CPUs of a Ray cluster it joins."""
+    """Fail before any heavy start (the warm start included) when the run asks for more GPUs than this machine has
+    (on a local Ray; a cluster given by RAY_ADDRESS is not checked here), caps the CPUs of a Ray cluster it joins,
+    or serves LoRA adapters of a rank vLLM cannot take."""
     import torch
+
+    if cfg.inference.backend == "vllm" and cfg.served_lora_rank is not None:
+        from unstable.inference.vllm_backend import engine_lora_rank  # imports vLLM, which the run needs anyway
+
+        try:
+            engine_lora_rank(cfg.served_lora_rank)
+        except ValueError as exc:
+            raise ConfigError(
+                f"learner.policy.lora.lora_rank: the run serves LoRA rank {cfg.served_lora_rank} (its learner's or "
+                f"an adapter opponent's) with inference.backend = vllm: {exc}"
+            ) from None
 
     if cfg.run.num_cpus is not None and "RAY_ADDRESS" in os.environ:
         raise ConfigError(

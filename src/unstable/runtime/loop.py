@@ -125,12 +125,13 @@ class LearnerLoop:
 
     def _prune(self, step: int) -> None:
         """After state `step` is written: keep the newest `resume_state.keep_last` states, and the checkpoints
-        retention keeps or a kept state's pool plays (resuming from that state loads them)."""
+        retention keeps, a kept state's pool plays (resuming from that state loads them) or a game in flight plays."""
         keep_last = self.learner.cfg.resume_state.keep_last
         states = resume.saved_steps(self.run_dir / resume.STATE_DIR, "step-")
         kept = set(states[-keep_last:]) | {step}
         resume.prune(self.run_dir / resume.STATE_DIR, "step-", lambda k: k in kept)
         retention, referenced = self.learner.cfg.retention, resume.referenced_checkpoints(self.run_dir)
+        referenced |= set(self.model_pool.in_play())  # a game in flight may load it again
         resume.prune(self.run_dir / "checkpoints", "ckpt-", lambda k: k in referenced or retention.keeps(k, step))
 
     def restore(self, state_dir: str) -> int:

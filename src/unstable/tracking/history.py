@@ -120,6 +120,11 @@ def final_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return next((row for row in reversed(rows) if row.get("final")), {})
 
 
+def agent_label(agent: str) -> str:
+    """How a table shows `agent`: the run's starting policy (`ckpt--1`, its warm start or base model) says so."""
+    return "start (ckpt--1)" if agent == "ckpt--1" else agent
+
+
 def agent_order(agent: str) -> tuple[int, int, str]:
     """Sort key: checkpoints (`ckpt-<k>`) newest first, then fixed opponents by name."""
     match = re.fullmatch(r"ckpt-(-?\d+)", agent)
