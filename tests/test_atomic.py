@@ -76,3 +76,15 @@ def test_a_directory_is_flushed_to_disk_before_it_is_renamed_into_place(tmp_path
         flushed
     )
     assert flushed[-1] == str(tmp_path)  # the rename, after the files
+
+
+def test_what_kills_left_half_written_or_half_deleted_is_removed_at_resume(tmp_path):
+    """A kill between `replace_dir`'s two renames left a hidden `.ckpt-3.old-*` folder that nothing deleted."""
+    from unstable.runtime import resume
+
+    for name in ("ckpt-3", ".ckpt-3.old-x1y2", "ckpt-4.tmp"):
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+    (tmp_path / "state" / "step-2.tmp").mkdir(parents=True)
+    resume.discard_after(tmp_path, 3)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["ckpt-3"]
+    assert not any((tmp_path / "state").iterdir())

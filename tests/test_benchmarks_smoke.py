@@ -78,6 +78,8 @@ NOT_HERE = {
     "benchmarks/gym_benchmark.py": "the shared runner of cartpole.py and pendulum.py, not a benchmark",
     "benchmarks/learning.py": "test_the_learning_benchmark_and_its_reevaluation below (reevaluate.py reads its output)",
     "benchmarks/reevaluate.py": "test_the_learning_benchmark_and_its_reevaluation below",
+    "benchmarks/chaos.py": "each kill is an `unstable train` session and its resume (minutes each); "
+    "tests/test_faults.py kills the collector mid-run and resumes, test_resume_kill the whole tree in every phase",
     "experiments/kill_soak.py": "its smallest run is about 15 `unstable train` sessions (2 references, 11 planned "
     "kills, their resumes); tests/test_resume_kill.py kills and resumes a run in every phase in make test",
 }

@@ -332,3 +332,16 @@ def test_a_batch_larger_than_the_buffer_is_refused_by_unstable_train(tmp_path, c
     assert main(["train", str(config)]) == 2
     err = capsys.readouterr().err
     assert "learner.batch_size = 64" in err and "buffer.max_buffer_size = 32" in err
+
+
+def test_with_vines_an_inference_actor_has_a_thread_for_every_vine_a_game_plays_at_once():
+    """Vines' requests were not counted in the inference actors' max_concurrency, so control calls (stats, weights)
+    queued behind generation."""
+    from unstable.collector.config import CollectorConfig
+    from unstable.games.vines import MAX_VINES_AT_ONCE
+
+    envs = [["TicTacToe-v0-train", 2, "qwen3-zs"]]
+    plain = CollectorConfig(training_envs=envs, num_workers=4, num_eval_workers=2)
+    vined = CollectorConfig(training_envs=envs, num_workers=4, num_eval_workers=2, vines={"rollouts": 3})
+    assert plain.requests_in_flight() == plain.games_in_flight()
+    assert vined.requests_in_flight() == 4 * MAX_VINES_AT_ONCE + 2

@@ -289,6 +289,11 @@ CASES = [
         "minibatch_size",
     ),
     ("more learner GPUs than the machine has", _with("learner.num_gpus=1", "learner.num_learners=2"), "num_learners"),
+    (
+        "several learner ranks sharing a GPU (NCCL refuses)",
+        _with("learner.num_gpus=0.5", "learner.num_learners=2"),
+        "num_gpus",
+    ),
     ("GPUs among the inference actors' custom resources", _with("inference.resources={GPU: 1}"), "inference.resources"),
     ("a custom resource amount of 0", _with("inference.resources={node2: 0}"), "inference.resources"),
     ("a CPU cap on a Ray cluster it joins", _num_cpus_on_a_cluster, "run.num_cpus"),

@@ -380,3 +380,96 @@ def test_a_run_whose_learner_cannot_play_after_its_first_update_stops_with_the_c
     assert steps == list(range(len(steps))) and 2 <= len(steps) < 21  # a few updates on the older games, no more
     assert rows[-1]["final"] and rows[-1][keys.RUN_STOPPED].startswith(cause)
     assert rows[-1][keys.TOTAL_FAILED_GAMES] >= 8 and rows[-1][keys.FAILED_BY_CAUSE + "RuntimeError"] >= 8
+
+
+def test_a_learner_that_makes_no_step_for_the_stall_timeout_stops_the_run_saying_what_each_part_did(
+    tiny_model_dir, tmp_path
+):
+    """The learner stuck after its first row (the kill tests' pause point, never killed): with
+    learner.stall_timeout_s 20 the run stops with the cause and the buffer's and collection's state, status 1 (it
+    waited for ever before)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from unstable.runtime.resume import PAUSE_ENV
+
+    from .runs import EXAMPLE, tiny_run
+
+    overrides = tiny_run(
+        tmp_path, tiny_model_dir, "stalled", "learner.num_steps=3", "warm_start=null", "learner.stall_timeout_s=20"
+    )
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = os.environ | {"PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", PAUSE_ENV: "after-log:2"}
+    command = [sys.executable, "-m", "unstable.cli.main", "train", str(EXAMPLE)]
+    command += [arg for o in overrides for arg in ("--set", o)]
+    run = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = (stream.decode() for stream in run.communicate(timeout=300))
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+        raise AssertionError("the run never ended: the stuck learner held it") from None
+    assert run.returncode == 1, out[-2000:] + err[-3000:]
+    cause = "the learner made no step for 20 s (learner.stall_timeout_s) at step 2: the buffer held"
+    assert err.splitlines()[-1].startswith(f"error: the run stopped: {cause}"), err[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "stalled" / "metrics.jsonl").read_text().splitlines()]
+    assert [r[keys.STEP] for r in rows if keys.STEP in r] == [0, 1, 2] and cause in rows[-1][keys.RUN_STOPPED]
+
+
+def _ray_process(name: str):
+    """The live process of a Ray actor whose title holds `name` (e.g. 'CollectorActor'), or None."""
+    import psutil
+
+    for process in psutil.process_iter(["cmdline"]):
+        if any(name in part for part in process.info["cmdline"] or []) and "ray::" in " ".join(process.info["cmdline"]):
+            return process
+    return None
+
+
+def test_a_killed_collector_stops_the_run_at_once_naming_it_and_the_run_resumes_to_its_end(tiny_model_dir, tmp_path):
+    """kill -9 of the collector's process mid-run: the learner would have waited for a batch until the stall
+    timeout; the driver watches collection beside the learner's step, so the run stops at once saying the collector
+    failed (status 1), and resumed it finishes with every step logged once."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from .runs import EXAMPLE, tiny_run
+
+    overrides = tiny_run(
+        tmp_path, tiny_model_dir, "collector-killed", "learner.num_steps=4", "warm_start=null",
+        "learner.resume_state.every_steps=1",
+    )  # fmt: skip
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = os.environ | {"PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = [sys.executable, "-m", "unstable.cli.main", "train"]
+    metrics = tmp_path / "collector-killed" / "metrics.jsonl"
+
+    def start(*args):
+        sets = [arg for o in overrides for arg in ("--set", o)] if args[0] == str(EXAMPLE) else []
+        return subprocess.Popen(
+            command + [*args, *sets], env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+
+    run = start(str(EXAMPLE))
+    deadline = time.time() + 240
+    while not (metrics.exists() and '"learner/step": 1' in metrics.read_text()):
+        assert run.poll() is None and time.time() < deadline, "the run ended or stalled before its first step"
+        time.sleep(0.5)
+    _ray_process("CollectorActor").kill()
+    try:
+        _, err = (stream.decode() for stream in run.communicate(timeout=120))
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+        raise AssertionError("the run never ended: the learner still waits for the dead collector") from None
+    assert run.returncode == 1 and "the run stopped: the collector failed at step" in err.splitlines()[-1], err[-3000:]
+
+    resumed = start("--resume", str(tmp_path / "collector-killed"))
+    out, err = (stream.decode() for stream in resumed.communicate(timeout=300))
+    assert resumed.returncode == 0, err[-3000:]
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r[keys.STEP] for r in rows if keys.STEP in r] == [0, 1, 2, 3, 4] and rows[-1]["final"] is True

@@ -402,3 +402,30 @@ def test_full_finetuning_through_ray_with_vllm(tiny_model_dir, tmp_path, monkeyp
 def _max_gap(steps, model) -> float:
     """The largest difference between a step's behaviour log-prob and `model`'s log-prob of that token."""
     return max(abs(a - b) for s in steps for a, b in zip(s.behaviour_logprobs, _scored_logprobs(model, s, 1.0)))
+
+
+def test_an_engine_on_the_cpu_starts_whatever_share_of_memory_is_free(tiny_model_dir, monkeypatch):
+    """Its KV cache is sized outright (VLLM_CPU_KVCACHE_SPACE, else 1 GiB), so vLLM's check that
+    gpu_memory_utilization of NUMA node 0's memory is free no longer refuses it (it refused at 0.99 before)."""
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    cfg = InferenceConfig(backend="vllm", max_new_tokens=2, max_model_len=256, gpu_memory_utilization=0.99)
+    backend = make_backend(tiny_model_dir, cfg)
+    try:
+        assert backend.generate([GenerationRequest(PROMPT)])[0].completion_token_ids
+    finally:
+        backend.close()
+
+
+def test_an_engine_that_cannot_start_stops_unstable_train_in_one_line(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    from unstable.cli.main import main
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "100000")  # 100 TB of KV cache: no machine has it
+    overrides = tiny_run(tmp_path, tiny_model_dir, "no-engine", "inference.backend=vllm", "warm_start=null")
+    assert main(["train", str(EXAMPLE), *[arg for o in overrides for arg in ("--set", o)]]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert (
+        error.startswith("error: inference.backend = vllm: the inference engine did not start: ")
+        and "100000" in error
+        or "Available memory" in error
+    )

@@ -95,3 +95,18 @@ def _move_into_place(built: Path, path: Path) -> None:
     os.replace(path, stale / path.name)
     os.replace(built, path)
     shutil.rmtree(stale)
+
+
+def remove_leftovers(directory: str | os.PathLike) -> list[str]:
+    """Delete what kills left in `directory` between the steps above: temporary `*.tmp` entries and the hidden
+    `.<name>.old-*` directories `replace_dir` moves an old version into before deleting it. Only for a directory
+    no one writes into now (a run being resumed); returns the names deleted."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    deleted = []
+    for entry in directory.iterdir():
+        if entry.name.endswith(".tmp") or (entry.name.startswith(".") and ".old-" in entry.name):
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            deleted.append(entry.name)
+    return deleted

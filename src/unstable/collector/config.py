@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from unstable.agents.seating import OpponentName
 from unstable.games.episode import DEFAULT_MAX_TURNS
-from unstable.games.vines import VineConfig
+from unstable.games.vines import MAX_VINES_AT_ONCE, VineConfig
 from unstable.records import EnvSpec
 from unstable.settings import Settings
 
@@ -129,3 +129,11 @@ class CollectorConfig(Settings):
         """The most games this collector plays at once: while collecting, its training and evaluation games; in an
         evaluation alone, `EVAL_CONCURRENCY`. Each waits on at most one inference request at a time."""
         return max(self.num_workers + self.num_eval_workers, EVAL_CONCURRENCY)
+
+    def requests_in_flight(self) -> int:
+        """The most inference requests this collector has waiting at once: one per game in flight, and with vines
+        up to `MAX_VINES_AT_ONCE` per training game while its vines play (an inference actor keeps a thread for
+        each, so its control calls never queue behind generation)."""
+        per_training_game = MAX_VINES_AT_ONCE if self.vines.enabled else 1
+        busiest = self.num_workers * per_training_game + self.num_eval_workers
+        return max(self.games_in_flight(), busiest)

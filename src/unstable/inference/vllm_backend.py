@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import itertools
+import os
 import threading
 import typing
 from collections import Counter, OrderedDict
@@ -63,6 +64,7 @@ UNDECLARED_LORA_RANK = (
     64  # serves any adapter up to rank 64 when no rank is declared (the original API's lora_config unset)
 )
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")  # what vLLM's default loader reads from a model directory
+CPU_KV_CACHE_GIB = 1  # an engine's KV cache on the CPU when VLLM_CPU_KVCACHE_SPACE is unset
 
 
 class VLLMBackend(InferenceBackend):
@@ -91,6 +93,8 @@ class VLLMBackend(InferenceBackend):
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.adapter_ids = AdapterIds(max_loras)
         on_cpu = self._on_cpu = current_platform.is_cpu()
+        if on_cpu:  # the KV cache sized outright: vLLM no longer reserves half of node 0's memory, free or not
+            engine_kwargs = {"kv_cache_memory_bytes": cpu_kv_cache_bytes()} | engine_kwargs
         args = AsyncEngineArgs(
             **{
                 "model": model_path,
@@ -257,6 +261,14 @@ class VLLMBackend(InferenceBackend):
                 f"vLLM did not reset its prefix cache after loading {path!r}: prompts would reuse keys and values "
                 "computed with the old weights"
             )
+
+
+def cpu_kv_cache_bytes() -> int:
+    """The KV cache of an engine on the CPU: `VLLM_CPU_KVCACHE_SPACE` GiB, else `CPU_KV_CACHE_GIB`. Given outright,
+    it replaces vLLM's start-up check that half of NUMA node 0's memory (`gpu_memory_utilization`) is free, which
+    refused to start beside another run on a small machine whatever the engine needed."""
+    space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+    return int((float(space) if space else CPU_KV_CACHE_GIB) * 2**30)
 
 
 def engine_lora_rank(lora_rank: int | None) -> int:

@@ -228,6 +228,12 @@ class LearnerConfig(Settings):
         "each rank holds about 1/num_learners of them; 'none': every rank holds the whole model",
     )
     poll_interval_s: float = Field(0.05, gt=0.0, description="how often the loop asks the buffer for a batch")
+    stall_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="stop the run, saying what each part was doing, when the learner makes no step for this long "
+        "(None: 10 minutes, or 20x the slowest step so far when that is longer)",
+    )
     weight_handover: Literal["memory", "folder"] = Field(
         "memory",
         description="how each new policy reaches the inference actors: `memory` (its tensors through Ray's object "
@@ -263,6 +269,15 @@ class LearnerConfig(Settings):
                 f"(num_learners {self.num_learners}): make it a multiple"
             )
         self.algorithm.build().check_num_learners(self.num_learners)
+        return self
+
+    @model_validator(mode="after")
+    def _a_gpu_per_rank(self) -> LearnerConfig:
+        if self.num_learners > 1 and 0 < self.num_gpus < 1:
+            raise ValueError(
+                f"num_gpus {self.num_gpus} with num_learners {self.num_learners}: Ray would put several ranks on one "
+                "GPU, where NCCL refuses to run them; give each rank a whole GPU (num_gpus: 1)"
+            )
         return self
 
     @model_validator(mode="after")

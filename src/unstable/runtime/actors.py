@@ -31,6 +31,7 @@ from unstable.buffer import StepBuffer
 from unstable.buffer.config import BufferConfig
 from unstable.collector import Collector
 from unstable.collector.config import MAX_GAMES_IN_FLIGHT, CollectorConfig
+from unstable.config import ConfigError
 from unstable.config.schema import check_model_path
 from unstable.inference import InferenceClient, InferenceConfig, InferenceServer
 from unstable.inference.checkpoints import CheckpointCache, pack_directory
@@ -228,8 +229,13 @@ class CollectorActor(Collector):
             settings["evaluation_opponents"] = [evaluation_opponent]
         cfg = CollectorConfig(**settings)
         # the original API names its games in flight later, in `collect(num_workers)`: any number up to the bound
-        games = MAX_GAMES_IN_FLIGHT if vllm_config is not None else cfg.games_in_flight()
-        servers = _start_servers(model_path, inference, dtype, seed, resume_step, lora_rank, games, checkpoint_node)
+        games = MAX_GAMES_IN_FLIGHT if vllm_config is not None else cfg.requests_in_flight()
+        self._start_error: str | None = None
+        try:
+            servers = _start_servers(model_path, inference, dtype, seed, resume_step, lora_rank, games, checkpoint_node)
+        except ConfigError as exc:  # said by `inference_servers`, the driver's first call, as one line
+            self._start_error = str(exc)
+            return
         self._servers = servers
         proxies = [RemoteProxy(server) for server in servers]
         client = InferenceClient(proxies, by_game=inference.routing == "game", unavailable=_actor_gone)
@@ -247,7 +253,10 @@ class CollectorActor(Collector):
         _register_source(tracker)  # the games held back by pacing
 
     def inference_servers(self) -> list:
-        """The inference server actors this collector started (the learner hands them new weights)."""
+        """The inference server actors this collector started (the learner hands them new weights); raises the
+        ConfigError of an engine that did not start (the collector is then not started either)."""
+        if self._start_error is not None:
+            raise ConfigError(self._start_error)
         return self._servers
 
 
@@ -317,16 +326,17 @@ def _start_servers(
     seed: int,
     resume_step: int = 0,
     lora_rank: int | None = None,
-    games_in_flight: int = MAX_GAMES_IN_FLIGHT,
+    requests_in_flight: int = MAX_GAMES_IN_FLIGHT,
     checkpoint_node: str | None = None,
 ) -> list:
     """`inference.num_actors` started inference server actors, serving adapters up to `lora_rank`, each sampling
     with its own seed, mixed from the run's `seed`, its index and `resume_step` (0 for a fresh run): no two actors,
-    nor two sessions of a resumed run, share a stream. The seeds are logged. Each actor gets a Ray thread per game
-    in flight and `CONTROL_CALLS` more: Ray makes every thread of a threaded actor, and over a long run each one is
-    used and its stack touched (4,096 threads grew the soak's inference actor by ~0.1 MB per learner step).
-    Each actor needs `inference.resources` besides its GPUs; one placed on another node than `checkpoint_node` gets
-    the checkpoints from a `CheckpointSource` started there."""
+    nor two sessions of a resumed run, share a stream. The seeds are logged. Each actor gets a Ray thread per
+    request the collector may have in flight (`CollectorConfig.requests_in_flight`, vines included) and
+    `CONTROL_CALLS` more: Ray makes every thread of a threaded actor, and over a long run each one is used and its
+    stack touched (4,096 threads grew the soak's inference actor by ~0.1 MB per learner step). Each actor needs
+    `inference.resources` besides its GPUs; one placed on another node than `checkpoint_node` gets the checkpoints
+    from a `CheckpointSource` started there."""
     from unstable.inference import make_backend
 
     needed, have = inference.num_gpus * inference.num_actors, ray.cluster_resources().get("GPU", 0.0)
@@ -346,12 +356,24 @@ def _start_servers(
             num_gpus=inference.num_gpus,
             resources=inference.resources,
             max_restarts=inference.max_restarts,
-            max_concurrency=games_in_flight + CONTROL_CALLS,
+            max_concurrency=requests_in_flight + CONTROL_CALLS,
         ).remote(factory, inference, actor_seed, checkpoint_node, source)
         for actor_seed in seeds
     ]
-    ray.get([server.start.remote() for server in servers])
+    try:
+        ray.get([server.start.remote() for server in servers])
+    except ray.exceptions.RayError as exc:  # one line for the user: the engine's own first words, not Ray's trace
+        cause = getattr(exc, "cause", None) or exc
+        raise ConfigError(
+            f"inference.backend = {inference.backend}: the inference engine did not start: {_first_line(cause)}"
+        ) from exc
     return servers
+
+
+def _first_line(exc: BaseException) -> str:
+    """`exc`'s type and the first line of its message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 def _chat_tokenizer(cfg: CollectorConfig, model_path: str):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -75,8 +76,6 @@ def run(
     into the summary and the final row (`run/stopped`), as does a final evaluation whose every game failed."""
     import ray
 
-    from unstable.runtime.loop import RunStopped
-
     start = time.time()
     t = topology
     learner_ready = t.learner.initialize.remote()
@@ -87,27 +86,22 @@ def run(
     ray.get(learner_ready)
     if start_step == 0:  # row 0: the initial policy's evaluation
         on_row(ray.get(t.tracker.log.remote({keys.STEP: 0, "eval_start": eval_start})))
-    counts, step, stopped, eval_end = {"train": 0, "train_failed": 0}, start_step, None, {}
+    counts, step, stopped, stalled, eval_end = {"train": 0, "train_failed": 0}, start_step, None, False, {}
     if start_step < cfg.learner.num_steps:  # a run killed in its final evaluation has no step left to collect for
-        collecting = t.collector.collect.remote(cfg.collector.num_workers, cfg.collector.num_eval_workers)
-        try:
-            while step < cfg.learner.num_steps:
-                on_row(ray.get(t.learner.train.remote(1, stop_collection=False))[0])
-                step += 1
-        except RunStopped as exc:
-            stopped = exc.reason
-        except ray.exceptions.RayTaskError as exc:  # an update failed: the run stops, saying why
-            stopped = f"the learner failed at step {step + 1}: {getattr(exc, 'cause', None) or exc}"
-        ray.get(t.collector.stop.remote())
-        counts = ray.get(collecting)
-    _close_learner(t, stopped)
+        step, stopped, stalled, counts = _train_while_collecting(t, cfg, on_row, start_step)
+    if not stalled:  # a learner stuck in a step keeps its last saved state as the run's
+        _close_learner(t, stopped)
     if stopped is None:
         eval_end = eval_table(ray.get(t.collector.evaluate.remote(cfg.evaluation.games_at_end)))
         stopped = _unable_to_play(eval_end)
-    ray.get(
-        t.tracker.log.remote({"eval_start": eval_start, "eval_end": eval_end, "final": True, keys.RUN_STOPPED: stopped})
-    )
-    ray.get(t.tracker.close.remote())
+    final = {"eval_start": eval_start, "eval_end": eval_end, "final": True, keys.RUN_STOPPED: stopped}
+    try:
+        ray.get(t.tracker.log.remote(final))
+        ray.get(t.tracker.close.remote())
+    except ray.exceptions.RayError as exc:
+        if stopped is None:
+            raise
+        log.error("the final row was not written after the run stopped (%s): %s", stopped, _ray_cause(exc))
     wall = time.time() - start
     return RunSummary(
         str(t.run_dir),
@@ -118,6 +112,108 @@ def run(
         wall,
         train_failed=counts["train_failed"],
         stopped=stopped,
+    )
+
+
+def _train_while_collecting(
+    t: Topology, cfg: RunConfig, on_row: Callable[[dict[str, Any]], None], step: int
+) -> tuple[int, str | None, bool, dict[str, int]]:
+    """Train from `step` up to `cfg.learner.num_steps` while the collector plays; returns the steps done, why the
+    run stopped (None: it did not), whether the learner is stuck in a step (`learner.stall_timeout_s`) and the
+    collector's game counts. A part of the run that fails or dies stops it at once, named: the learner (or a part
+    it calls) by its step's error, the collector by the end of its `collect` call, which is watched beside it."""
+    import ray
+
+    from unstable.runtime.loop import RunStopped
+
+    counts, stopped, stalled, slowest = {"train": 0, "train_failed": 0}, None, False, 0.0
+    collecting = t.collector.collect.remote(cfg.collector.num_workers, cfg.collector.num_eval_workers)
+    try:
+        while step < cfg.learner.num_steps:
+            began, limit = time.monotonic(), stall_limit(cfg, slowest)
+            on_row(_learner_row(t.learner.train.remote(1, stop_collection=False), collecting, limit))
+            slowest = max(slowest, time.monotonic() - began)
+            step += 1
+    except RunStopped as exc:
+        stopped = exc.reason
+    except ray.exceptions.GetTimeoutError:
+        stopped, stalled = _stall_cause(t, cfg, limit, step + 1), True
+    except _CollectionFailed as exc:
+        stopped = f"the collector failed at step {step + 1}: {_ray_cause(exc.__cause__)}"
+    except ray.exceptions.RayError as exc:  # an update failed, or the learner or a part it calls died
+        stopped = f"the learner failed at step {step + 1}: {_ray_cause(exc)}"
+    try:
+        ray.get(t.collector.stop.remote())
+        counts = ray.get(collecting)
+    except ray.exceptions.RayError as exc:
+        if stopped is None:
+            raise
+        log.error("the collector did not stop cleanly after the run stopped: %s", _ray_cause(exc))
+    return step, stopped, stalled, counts
+
+
+class _CollectionFailed(RuntimeError):
+    """The collector's `collect` call failed (its process died): raised from its Ray error."""
+
+
+def _learner_row(train, collecting, limit: float) -> dict[str, Any]:
+    """The row of the learner's step `train` (a Ray call), watching the collector's `collecting` call beside it:
+    raises GetTimeoutError after `limit` seconds, _CollectionFailed at once when collection fails first (collection
+    that ends cleanly, stopped, leaves the learner to say why)."""
+    import ray
+
+    deadline, watching = time.monotonic() + limit, [train, collecting]
+    while True:
+        ready, _ = ray.wait(watching, num_returns=1, timeout=max(deadline - time.monotonic(), 0.0))
+        if not ready:
+            raise ray.exceptions.GetTimeoutError(f"no learner step in {limit:.0f} s")
+        if train in ready:
+            return ray.get(train)[0]
+        try:
+            ray.get(collecting)
+        except ray.exceptions.RayError as exc:
+            raise _CollectionFailed() from exc
+        watching = [train]
+
+
+def _ray_cause(exc: BaseException) -> str:
+    """One line for a Ray error: the first line of its cause, and the actor that died when one did."""
+    text = str(getattr(exc, "cause", None) or exc).strip()
+    dead = re.search(r"class_name: (\w+)", text)
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return f"{first} ({dead.group(1)} died)" if dead else first
+
+
+STALL_FLOOR_S = 600.0  # the default stall timeout's least value
+STALL_STEPS = 20.0  # ... and its multiple of the slowest step so far
+
+
+def stall_limit(cfg: RunConfig, slowest_step_s: float) -> float:
+    """Seconds the learner may take for one step before the run stops as stalled: `learner.stall_timeout_s`, else
+    the larger of `STALL_FLOOR_S` and `STALL_STEPS` x the slowest step so far."""
+    return cfg.learner.stall_timeout_s or max(STALL_FLOOR_S, STALL_STEPS * slowest_step_s)
+
+
+def _stall_cause(topology: Topology, cfg: RunConfig, limit: float, step: int) -> str:
+    """Why the run stops when learner step `step` has not come in `limit` seconds, with what the other parts were
+    doing (each asked with a short timeout of its own: one may be stuck too)."""
+    import ray
+
+    def ask(call, default):
+        try:
+            return ray.get(call, timeout=10.0)
+        except ray.exceptions.RayError:
+            return default
+
+    t = topology
+    size = ask(t.step_buffer.size.remote(), "?")
+    collection = ask(t.step_buffer.stop_cause.remote(), None)
+    playing = ask(t.model_pool.in_play.remote(), [])
+    return (
+        f"the learner made no step for {limit:.0f} s (learner.stall_timeout_s) at step {step}: the buffer held {size} "
+        f"of the {cfg.learner.batch_size} steps an update takes; collection "
+        f"{'stopped: ' + collection if collection else 'was running'}; the games in flight played checkpoints "
+        f"{playing or 'none'}"
     )
 
 

@@ -169,12 +169,12 @@ def referenced_checkpoints(run_dir: Path) -> set[int]:
 
 
 def discard_after(run_dir: Path, step: int) -> list[int]:
-    """Delete the states newer than `step` and every half-written one (a resumed run at `step` redoes what they
-    held); returns the steps of the complete ones deleted."""
-    state_dir = run_dir / STATE_DIR
-    for tmp in state_dir.glob("step-*.tmp") if state_dir.exists() else ():
-        shutil.rmtree(tmp)
-    return prune(state_dir, "step-", lambda k: k <= step)
+    """Delete the states newer than `step` and what kills left half-written or half-deleted among the states and
+    checkpoints (`atomic.remove_leftovers`: a resumed run at `step` redoes what they held); returns the steps of the
+    complete states deleted."""
+    for directory in (run_dir / STATE_DIR, run_dir / "checkpoints"):
+        atomic.remove_leftovers(directory)
+    return prune(run_dir / STATE_DIR, "step-", lambda k: k <= step)
 
 
 class StateWriter:

@@ -131,9 +131,22 @@ def build_topology(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> Topol
         cfg.learner.algorithm.build(),
         cfg=cfg.learner,
         dtype=cfg.model.dtype,
-        inference_servers=ray.get(collector.inference_servers.remote()),
+        inference_servers=_started(collector.inference_servers.remote()),
     )
     return Topology(run_dir, tracker, buffer, pool, collector, learner)
+
+
+def _started(call) -> Any:
+    """`ray.get(call)`; a ConfigError the call raised (an inference engine that did not start) comes as its one line,
+    not Ray's traceback."""
+    import ray
+
+    try:
+        return ray.get(call)
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, ConfigError):
+            raise ConfigError(str(exc.cause)) from None
+        raise
 
 
 def _other_nodes(cfg: RunConfig, driver_node: str) -> list[dict[str, Any]]:
