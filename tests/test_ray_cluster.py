@@ -2,7 +2,8 @@
 actor on the second node (`inference.resources`), everything that writes the run directory on the driver's node.
 The machine's one filesystem is still shared by both nodes, so the test checks that the remote actor got every
 checkpoint through Ray's object store into its own cache (counted in `inference/checkpoints_fetched`) instead of
-reading the run directory's path; then the run resumes on the same cluster."""
+reading the run directory's path, with `learner.weight_handover: folder`; then the run resumes on the same cluster
+with the weights handed over in memory, and the remote actor serves the new policy."""
 
 import json
 import os
@@ -73,7 +74,7 @@ def test_a_run_on_two_nodes_ships_checkpoints_to_the_inference_node_and_resumes(
         "inference.resources={node2: 1}",  # the inference actor on the second node, nothing else there
         "evaluation.games_at_end=2",  # the final evaluation plays the newest checkpoint: one fetch at least
     )
-    summary = train(load_config(EXAMPLE, overrides))
+    summary = train(load_config(EXAMPLE, [*overrides, "learner.weight_handover=folder"]))
     run_dir = tmp_path / "two-nodes"
     assert summary.learner_steps == 1 and summary.stopped is None
     first = _rows(run_dir)
@@ -82,12 +83,14 @@ def test_a_run_on_two_nodes_ships_checkpoints_to_the_inference_node_and_resumes(
     assert logs == {f"{c}.log" for c in ("tracker", "step_buffer", "model_pool", "collector", "learner")}
     assert (run_dir / "checkpoints" / "ckpt-1" / "adapter_config.json").exists()
 
-    resumed = resume_training(run_dir, ["learner.num_steps=2"])
+    resumed = resume_training(run_dir, ["learner.num_steps=2", "learner.weight_handover=memory"])
     assert resumed.learner_steps == 2 and resumed.stopped is None
     rows = _rows(run_dir)
     steps = [r.get(keys.STEP) for r in rows]
     assert [s for s in steps if s is not None] == [0, 1, 2]
-    assert _fetched(rows[steps.index(1) + 1 :]) >= 1  # the resumed session fetched its checkpoints afresh
+    assert _fetched(rows[steps.index(1) + 1 :]) >= 1  # the resumed session fetched its restored checkpoint afresh
+    served = [v for r in rows for v in r.get(keys.INFERENCE_POLICY_VERSION_BY_ACTOR, [])]
+    assert max(served) == 2  # ckpt-2, handed over in memory to the actor on the other node
 
 
 def test_the_learner_sits_with_its_gpus_on_the_drivers_node_and_inference_nodes_need_the_model(two_node_cluster):

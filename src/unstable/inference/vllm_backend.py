@@ -95,6 +95,7 @@ class VLLMBackend(InferenceBackend):
         on_cpu = self._on_cpu = current_platform.is_cpu()
         if on_cpu:  # the KV cache sized outright: vLLM no longer reserves half of node 0's memory, free or not
             engine_kwargs = {"kv_cache_memory_bytes": cpu_kv_cache_bytes()} | engine_kwargs
+            _check_fits(engine_kwargs["kv_cache_memory_bytes"])
         args = AsyncEngineArgs(
             **{
                 "model": model_path,
@@ -269,6 +270,19 @@ def cpu_kv_cache_bytes() -> int:
     refused to start beside another run on a small machine whatever the engine needed."""
     space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
     return int((float(space) if space else CPU_KV_CACHE_GIB) * 2**30)
+
+
+def _check_fits(kv_cache_bytes: int) -> None:
+    """Refuse, naming the setting, a KV cache larger than the memory available now (vLLM's own refusal reaches the
+    caller as "engine core initialization failed, see root cause above")."""
+    import psutil
+
+    available = psutil.virtual_memory().available
+    if kv_cache_bytes > available:
+        raise ValueError(
+            f"a KV cache of {kv_cache_bytes / 2**30:.1f} GiB (VLLM_CPU_KVCACHE_SPACE) does not fit in the "
+            f"{available / 2**30:.1f} GiB of memory available"
+        )
 
 
 def engine_lora_rank(lora_rank: int | None) -> int:

@@ -634,5 +634,6 @@ def _rank_failure(calls: list, wait_s: float = 0.0) -> RuntimeError | None:
             try:
                 ray.get(call)
             except Exception as exc:  # noqa: BLE001 - returned as the cause
-                return RuntimeError(f"learner rank {rank} failed: {exc}")
+                cause = getattr(exc, "cause", None) or exc  # the rank's own error, not Ray's wrapper of it
+                return RuntimeError(f"learner rank {rank} failed: {type(cause).__name__}: {cause}")
     return None

@@ -175,13 +175,22 @@ class Tracker:
         elif summary["outcome"] is not None:
             self._eval_window.append(summary)
 
+    def _source_metrics(self, source: MetricSource) -> dict[str, Any]:
+        """`source.metrics()`, or nothing (with a warning) when the source fails: a part of the run that died (the
+        collector, holding the inference client) must not keep the learner's step from its row."""
+        try:
+            return source.metrics()
+        except Exception as exc:  # noqa: BLE001 - a row without that source's gauges, said in the log
+            log.warning("a metric source failed, its gauges are left out of this row: %r", exc)
+            return {}
+
     def log(self, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write one row: `metrics` plus the collector and eval aggregates (see the class docstring)."""
         now = time.time()
         row = {keys.TIME: now - self.start, **(metrics or {}), **self._row_aggregates(now)}
         row |= self._train_rates() | self._eval_rates()
         for source in self.sources:
-            row.update(source.metrics())
+            row.update(self._source_metrics(source))
         row.update(self.totals)
         row.update({keys.FAILED_BY_CAUSE + cause: n for cause, n in self.failed_by_cause.items()})
         self._write_tables(row)
