@@ -116,10 +116,14 @@ def finished(run_dir: Path) -> bool:
     return bool(run) and run[-1].get("final") is True and not run[-1].get("run/stopped")
 
 
-def ray_process(title: str) -> psutil.Process | None:
-    """A live Ray process whose title holds `title`."""
-    for process in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(process.info["cmdline"] or [])
+def ray_process(run: subprocess.Popen, title: str) -> psutil.Process | None:
+    """A live Ray process of the run (its processes descend from the driver that started Ray) whose title holds
+    `title`; never another run's on the same machine."""
+    for process in psutil.Process(run.pid).children(recursive=True):
+        try:
+            cmdline = " ".join(process.cmdline())
+        except psutil.NoSuchProcess:
+            continue
         if "ray::" in cmdline and title in cmdline:
             return process
     return None
@@ -131,7 +135,7 @@ def kill(run: subprocess.Popen, target: str) -> bool:
     if title is None:
         os.killpg(run.pid, signal.SIGKILL)
         return True
-    process = ray_process(title)
+    process = ray_process(run, title)
     if process is None:
         return False
     process.kill()

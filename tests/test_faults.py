@@ -334,17 +334,37 @@ def test_every_game_asking_an_inference_actor_that_stops_gets_an_answer_or_an_er
         ray.shutdown()
 
 
-def test_a_run_whose_learner_cannot_play_after_its_first_update_stops_with_the_cause_and_status_1(
-    tiny_model_dir, tmp_path
-):
-    import json
+def _unstable_train(overrides: list[str], env: dict[str, str], timeout: float, hung: str) -> tuple[int, str, str]:
+    """`unstable train` of the demo config with `overrides` in a process session of its own, `env` added to this
+    one's: (status, stdout, stderr). A run still going after `timeout` seconds is killed whole and fails with `hung`."""
     import subprocess
     import sys
     from pathlib import Path
 
+    from .runs import EXAMPLE
+
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = os.environ | {"PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"} | env
+    command = [sys.executable, "-m", "unstable.cli.main", "train", str(EXAMPLE)]
+    command += [arg for o in overrides for arg in ("--set", o)]
+    run = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = (stream.decode() for stream in run.communicate(timeout=timeout))
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)  # the driver and every Ray process it started
+        run.wait()
+        raise AssertionError(hung) from None
+    return run.returncode, out, err
+
+
+def test_a_run_whose_learner_cannot_play_after_its_first_update_stops_with_the_cause_and_status_1(
+    tiny_model_dir, tmp_path
+):
+    import json
+
     from unstable.inference.server import FAIL_LOADS_ENV
 
-    from .runs import EXAMPLE, tiny_run
+    from .runs import tiny_run
 
     overrides = tiny_run(
         tmp_path,
@@ -355,22 +375,13 @@ def test_a_run_whose_learner_cannot_play_after_its_first_update_stops_with_the_c
         "collector.max_failed_games_in_a_row=8",
         "evaluation.games_at_end=4",
     )  # the example fine-tunes every weight: each update is a full checkpoint the engine loads
-    src = Path(__file__).resolve().parents[1] / "src"
-    env = os.environ | {"PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", FAIL_LOADS_ENV: "1"}
-    command = [sys.executable, "-m", "unstable.cli.main", "train", str(EXAMPLE)]
-    command += [arg for o in overrides for arg in ("--set", o)]
-    run = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        out, err = (stream.decode() for stream in run.communicate(timeout=400))
-    except subprocess.TimeoutExpired:
-        os.killpg(run.pid, signal.SIGKILL)  # the driver and every Ray process it started
-        run.wait()
-        raise AssertionError("the run never ended: its learner still waits for a batch") from None
+    hung = "the run never ended: its learner still waits for a batch"
+    status, out, err = _unstable_train(overrides, {FAIL_LOADS_ENV: "1"}, 400, hung)
     cause = (
         "no training batch can come: collection stopped: the last 8 training games all failed "
         "(collector.max_failed_games_in_a_row = 8), the last one with RuntimeError: full checkpoint "
     )
-    assert run.returncode == 1, out[-2000:] + err[-3000:]
+    assert status == 1, out[-2000:] + err[-3000:]
     assert err.splitlines()[-1].startswith(f"error: the run stopped: {cause}"), err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     failed = int(out.split("training games: ")[1].split("(")[1].split(" failed")[0])
@@ -389,41 +400,35 @@ def test_a_learner_that_makes_no_step_for_the_stall_timeout_stops_the_run_saying
     learner.stall_timeout_s 20 the run stops with the cause and the buffer's and collection's state, status 1 (it
     waited for ever before)."""
     import json
-    import subprocess
-    import sys
-    from pathlib import Path
 
     from unstable.runtime.resume import PAUSE_ENV
 
-    from .runs import EXAMPLE, tiny_run
+    from .runs import tiny_run
 
     overrides = tiny_run(
         tmp_path, tiny_model_dir, "stalled", "learner.num_steps=3", "warm_start=null", "learner.stall_timeout_s=20"
     )
-    src = Path(__file__).resolve().parents[1] / "src"
-    env = os.environ | {"PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", PAUSE_ENV: "after-log:2"}
-    command = [sys.executable, "-m", "unstable.cli.main", "train", str(EXAMPLE)]
-    command += [arg for o in overrides for arg in ("--set", o)]
-    run = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        out, err = (stream.decode() for stream in run.communicate(timeout=300))
-    except subprocess.TimeoutExpired:
-        os.killpg(run.pid, signal.SIGKILL)
-        run.wait()
-        raise AssertionError("the run never ended: the stuck learner held it") from None
-    assert run.returncode == 1, out[-2000:] + err[-3000:]
+    hung = "the run never ended: the stuck learner held it"
+    status, out, err = _unstable_train(overrides, {PAUSE_ENV: "after-log:2"}, 300, hung)
+    assert status == 1, out[-2000:] + err[-3000:]
     cause = "the learner made no step for 20 s (learner.stall_timeout_s) at step 2: the buffer held"
     assert err.splitlines()[-1].startswith(f"error: the run stopped: {cause}"), err[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "stalled" / "metrics.jsonl").read_text().splitlines()]
     assert [r[keys.STEP] for r in rows if keys.STEP in r] == [0, 1, 2] and cause in rows[-1][keys.RUN_STOPPED]
 
 
-def _ray_process(name: str):
-    """The live process of a Ray actor whose title holds `name` (e.g. 'CollectorActor'), or None."""
+def _ray_process(name: str, run_pid: int):
+    """The live process of a Ray actor whose title holds `name` (e.g. 'CollectorActor') in the process tree of the run
+    `run_pid` (Ray's processes descend from the driver that started it), or None. Only its own tree: another run on the
+    machine (a test beside it) has its own collector."""
     import psutil
 
-    for process in psutil.process_iter(["cmdline"]):
-        if any(name in part for part in process.info["cmdline"] or []) and "ray::" in " ".join(process.info["cmdline"]):
+    for process in psutil.Process(run_pid).children(recursive=True):
+        try:
+            cmdline = " ".join(process.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        if "ray::" in cmdline and name in cmdline:
             return process
     return None
 
@@ -459,7 +464,7 @@ def test_a_killed_collector_stops_the_run_at_once_naming_it_and_the_run_resumes_
     while not (metrics.exists() and '"learner/step": 1' in metrics.read_text()):
         assert run.poll() is None and time.time() < deadline, "the run ended or stalled before its first step"
         time.sleep(0.5)
-    _ray_process("CollectorActor").kill()
+    _ray_process("CollectorActor", run.pid).kill()
     try:
         _, err = (stream.decode() for stream in run.communicate(timeout=120))
     except subprocess.TimeoutExpired:

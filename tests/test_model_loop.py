@@ -175,16 +175,22 @@ def test_an_adapter_that_fails_to_load_fails_only_the_requests_naming_it(tiny_mo
     server.stop()
 
 
-def test_full_finetuning_checkpoint_replaces_served_weights(tiny_model_dir, tmp_path):
+def _greedy_server_with_games(model_dir: str) -> tuple[ModelPool, Checkpoint, InferenceServer, StepBuffer]:
+    """A pool on the base model, a greedy server of it and a buffer of 3 of its games against random."""
     pool = ModelPool()
     base = pool.add_checkpoint(None, -1)
-    backend = TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=6, temperature=0.0))
+    backend = TransformersBackend(model_dir, SamplingConfig(max_new_tokens=6, temperature=0.0))
     server = InferenceServer(lambda: backend, InferenceConfig(batch_wait_ms=0))
     server.start()
     buffer = StepBuffer(32, final_reward_transformation=WinDrawLossFormatter())
     for seed in range(3):
         agents = {0: PolicyAgent(server, base, get_template("qwen3-zs")), 1: RandomAgent(seed)}
         buffer.add_game(play_episode(TICTACTOE, agents, seed, learner_player_ids=(0,)))
+    return pool, base, server, buffer
+
+
+def test_full_finetuning_checkpoint_replaces_served_weights(tiny_model_dir, tmp_path):
+    pool, base, server, buffer = _greedy_server_with_games(tiny_model_dir)
     loop = _loop(tiny_model_dir, buffer, pool, tmp_path, Reinforce(), batch_size=3, learning_rate=0.05, lora=None)
     before = server.generate(GenerationRequest(PROMPT, base))
     loop.train(1)
@@ -205,16 +211,8 @@ def test_the_learner_hands_its_policy_over_in_memory_before_its_folder_is_writte
     """With a handover, the new policy is served from the tensors the learner offered while its checkpoint folder is
     not yet written: generations change and the served version is the learner's; the folder written afterwards holds
     the same weights (an engine loading it gives the same greedy tokens and log-probs)."""
-    pool = ModelPool()
-    base = pool.add_checkpoint(None, -1)
+    pool, base, server, buffer = _greedy_server_with_games(tiny_model_dir)
     greedy = SamplingConfig(max_new_tokens=6, temperature=0.0)
-    backend = TransformersBackend(tiny_model_dir, greedy)
-    server = InferenceServer(lambda: backend, InferenceConfig(batch_wait_ms=0))
-    server.start()
-    buffer = StepBuffer(32, final_reward_transformation=WinDrawLossFormatter())
-    for seed in range(3):
-        agents = {0: PolicyAgent(server, base, get_template("qwen3-zs")), 1: RandomAgent(seed)}
-        buffer.add_game(play_episode(TICTACTOE, agents, seed, learner_player_ids=(0,)))
     before = server.generate(GenerationRequest(PROMPT, base))
     served = {}
 
