@@ -433,10 +433,14 @@ def _ray_process(name: str, run_pid: int):
     return None
 
 
-def test_a_killed_collector_stops_the_run_at_once_naming_it_and_the_run_resumes_to_its_end(tiny_model_dir, tmp_path):
-    """kill -9 of the collector's process mid-run: the learner would have waited for a batch until the stall
-    timeout; the driver watches collection beside the learner's step, so the run stops at once saying the collector
-    failed (status 1), and resumed it finishes with every step logged once."""
+@pytest.mark.parametrize("actor, part", [("CollectorActor", "collector"), ("ModelPoolActor", "model pool")])
+def test_a_killed_part_stops_the_run_at_once_naming_it_and_the_run_resumes_to_its_end(
+    tiny_model_dir, tmp_path, actor, part
+):
+    """kill -9 of the collector's (or the pool's) process mid-run: the learner would have waited for a batch until
+    the stall timeout (the pool's death failed games until 1,000 in a row stopped collection, named as that); the
+    driver watches every part beside the learner's step, so the run stops at once saying which part failed (status 1),
+    and resumed it finishes with every step logged once."""
     import json
     import subprocess
     import sys
@@ -464,14 +468,14 @@ def test_a_killed_collector_stops_the_run_at_once_naming_it_and_the_run_resumes_
     while not (metrics.exists() and '"learner/step": 1' in metrics.read_text()):
         assert run.poll() is None and time.time() < deadline, "the run ended or stalled before its first step"
         time.sleep(0.5)
-    _ray_process("CollectorActor", run.pid).kill()
+    _ray_process(actor, run.pid).kill()
     try:
         _, err = (stream.decode() for stream in run.communicate(timeout=120))
     except subprocess.TimeoutExpired:
         os.killpg(run.pid, signal.SIGKILL)
         run.wait()
-        raise AssertionError("the run never ended: the learner still waits for the dead collector") from None
-    assert run.returncode == 1 and "the run stopped: the collector failed at step" in err.splitlines()[-1], err[-3000:]
+        raise AssertionError(f"the run never ended: the learner still waits for the dead {part}") from None
+    assert run.returncode == 1 and f"the run stopped: the {part} failed " in err.splitlines()[-1], err[-3000:]
 
     resumed = start("--resume", str(tmp_path / "collector-killed"))
     out, err = (stream.decode() for stream in resumed.communicate(timeout=300))

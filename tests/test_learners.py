@@ -359,3 +359,25 @@ def test_a_learner_rank_that_fails_stops_the_run_at_once_naming_it(tiny_model_di
     assert "learner rank 1 failed" in output and FAIL_RANK_ENV in output, output[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "failing-rank" / "metrics.jsonl").read_text().splitlines()]
     assert "learner rank 1 failed" in rows[-1][keys.RUN_STOPPED]
+
+
+class _ShardedHere(Exception):
+    """Raised by `test_a_sharded_model_reaches_the_device_shard_by_shard` where the learner shards its model."""
+
+
+def test_a_sharded_model_reaches_the_device_shard_by_shard(tiny_model_dir, monkeypatch):
+    """With FSDP the learner hands the model to `shard_model` still on the host: FSDP moves each layer's shard to
+    the device as it shards it, so no device ever holds the whole float32 model (before, `PolicyModel.load` moved it
+    whole to the device first; here, with no GPU, that move to 'cuda' raised)."""
+    cfg = _config(2, "reinforce", {}, "fsdp").model_copy(update={"num_gpus": 1.0})  # device: cuda
+    learner = Learner.build(tiny_model_dir, cfg.algorithm.build(), cfg, rank=0)
+    devices = set()
+
+    def shard_model(root, model):
+        devices.update(p.device.type for p in model.parameters())
+        raise _ShardedHere
+
+    monkeypatch.setattr(learner.parallel, "shard_model", shard_model)
+    with pytest.raises(_ShardedHere):
+        learner.initialize()
+    assert devices == {"cpu"}

@@ -1,5 +1,5 @@
 """Several nodes, the plain parts: a checkpoint reaches an inference server on a node that cannot see the run
-directory as packed bytes, unpacked into that node's own bounded cache, from which the server loads it
+directory in chunks, copied into that node's own bounded cache, from which the server loads it
 (`test_ray_cluster` runs the same through Ray on a simulated two-node cluster)."""
 
 import json
@@ -12,7 +12,7 @@ import pytest
 
 from unstable.inference import InferenceConfig, InferenceServer
 from unstable.inference.base import InferenceBackend
-from unstable.inference.checkpoints import CACHE_DIR, CheckpointCache, pack_directory
+from unstable.inference.checkpoints import CACHE_DIR, CheckpointCache, CheckpointFiles
 from unstable.records import Checkpoint, GenerationRequest, GenerationResult
 from unstable.tracking import keys
 
@@ -26,28 +26,36 @@ def _checkpoint(tmp_path: Path, name: str) -> Checkpoint:
     return Checkpoint(uid=name, path=str(directory), version=int(name.split("-")[1]))
 
 
-class _Fetcher:
-    """`pack_directory` of the 'other node', counting calls; `gate` holds every fetch until it is set."""
+class _Fetcher(CheckpointFiles):
+    """The 'other node's' `CheckpointFiles`, counting the checkpoints listed and the largest answer; `gate` holds
+    every listing until it is set."""
 
-    def __init__(self):
+    def __init__(self, chunk_bytes: int = 1 << 20):
+        super().__init__(chunk_bytes)
         self.calls: list[str] = []
+        self.largest_answer = 0
         self.gate = threading.Event()
         self.gate.set()
 
-    def __call__(self, path: str) -> bytes:
+    def files(self, path: str) -> list[tuple[str, int]]:
         self.calls.append(path)
         self.gate.wait(timeout=10)
-        return pack_directory(path)
+        return super().files(path)
+
+    def read(self, path: str, name: str, offset: int) -> bytes:
+        data = super().read(path, name, offset)
+        self.largest_answer = max(self.largest_answer, len(data))
+        return data
 
 
-def test_a_checkpoint_from_another_node_is_unpacked_once_into_a_bounded_cache(tmp_path):
+def test_a_checkpoint_from_another_node_is_copied_once_into_a_bounded_cache(tmp_path):
     fetch = _Fetcher()
     cache = CheckpointCache(fetch, capacity=2, root=tmp_path / "cache")
     first, second, third = (_checkpoint(tmp_path, f"ckpt-{k}") for k in (1, 2, 3))
     local = cache.local(first)
     assert local.uid == first.uid and local.version == 1 and Path(local.path).parent == tmp_path / "cache"
     assert (Path(local.path) / "sub" / "weights.bin").read_bytes() == b"ckpt-1" * 1000
-    assert cache.local(first) == local and fetch.calls == [first.path]  # unpacked once
+    assert cache.local(first) == local and fetch.calls == [first.path]  # copied once
     fetch.gate.clear()
     threads = [threading.Thread(target=cache.local, args=(second,)) for _ in range(8)]
     for thread in threads:
@@ -68,9 +76,27 @@ def test_a_checkpoint_from_another_node_is_unpacked_once_into_a_bounded_cache(tm
     assert not (tmp_path / "cache").exists()
 
 
-def test_packing_a_missing_checkpoint_says_which_one(tmp_path):
+def test_a_checkpoint_travels_in_chunks_so_no_call_holds_a_whole_model(tmp_path):
+    """Each call carries at most `chunk_bytes` (it packed the whole directory in memory per call before: N actors x 2
+    x the model on the checkpoints' node), and the copied files are the checkpoint's, byte for byte."""
+    checkpoint = _checkpoint(tmp_path, "ckpt-1")
+    weights = Path(checkpoint.path) / "sub" / "weights.bin"
+    weights.write_bytes(os.urandom(10_000))
+    fetch = _Fetcher(chunk_bytes=1024)
+    cache = CheckpointCache(fetch, capacity=1, root=tmp_path / "cache")
+    local = Path(cache.local(checkpoint).path)
+    assert (local / "sub" / "weights.bin").read_bytes() == weights.read_bytes()
+    assert json.loads((local / "adapter_config.json").read_text()) == {"name": "ckpt-1"}
+    assert fetch.largest_answer == 1024 and cache.stats()[keys.INFERENCE_CHECKPOINT_BYTES] > 10_000
+
+
+def test_reading_a_missing_checkpoint_or_a_file_outside_it_says_which(tmp_path):
+    files = CheckpointFiles()
     with pytest.raises(FileNotFoundError, match="ckpt-9"):
-        pack_directory(tmp_path / "ckpt-9")
+        files.files(str(tmp_path / "ckpt-9"))
+    checkpoint = _checkpoint(tmp_path, "ckpt-1")
+    with pytest.raises(ValueError, match="outside"):
+        files.read(checkpoint.path, "../../secret", 0)
 
 
 def test_a_new_cache_deletes_those_of_processes_no_longer_alive(tmp_path, monkeypatch):

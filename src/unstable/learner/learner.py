@@ -67,7 +67,7 @@ class Learner:
         weights (every rank calls it together). Idempotent."""
         if self.optimizer is not None:
             return
-        self.policy.load()
+        self.policy.load(on_device=not self.parallel.sharded)
         self.parallel.shard_model(self.policy.scoring, self.policy.model)
         rate = self.cfg.optimizer.learning_rate  # "base_lr": the rate the schedule scales (_schedule_learning_rate)
         groups = [{"params": self.policy.trainable_parameters(), "base_lr": rate}]

@@ -61,8 +61,9 @@ class PolicyModel:
         self._reference = None  # frozen copy of `model_path` for `reference_logprobs` (full fine-tuning only)
         self._initial_adapter = None  # frozen copy of `cfg.initial_lora_path`'s weights, the LoRA reference
 
-    def load(self) -> None:
-        """Load the tokenizer and model, wrap LoRA, move to the device. Idempotent."""
+    def load(self, on_device: bool = True) -> None:
+        """Load the tokenizer and model, wrap LoRA, move to the device (`on_device` False: left on the host for FSDP,
+        which moves each shard there as it shards the model, so no device holds it whole). Idempotent."""
         if self.model is not None:
             return
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -73,7 +74,9 @@ class PolicyModel:
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self._weights_dtype())
         if self.cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        self.model = self._wrap_lora(model).to(self.device)
+        self.model = self._wrap_lora(model)
+        if on_device:
+            self.model.to(self.device)
         self.scoring = ScoringPass(self.model)
         self.model.train()
         if self.cfg.initial_lora_path:  # copied before any update or resume overwrites the adapter

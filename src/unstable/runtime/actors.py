@@ -34,7 +34,7 @@ from unstable.collector.config import MAX_GAMES_IN_FLIGHT, CollectorConfig
 from unstable.config import ConfigError
 from unstable.config.schema import check_model_path
 from unstable.inference import InferenceClient, InferenceConfig, InferenceServer
-from unstable.inference.checkpoints import CheckpointCache, pack_directory
+from unstable.inference.checkpoints import CheckpointCache, CheckpointFiles
 from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
 from unstable.learner.parallel import DataParallel, free_port
 from unstable.pool import ModelPool
@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 SHELL = {"num_cpus": 0, "enable_task_events": False}
 # Inference actor calls beside the games' requests: starting, weights and adapters, statistics, stopping.
 CONTROL_CALLS = 16
-# An inference actor on another node keeps this many checkpoints per resident adapter (`max_loras`) unpacked: the
+# An inference actor on another node keeps this many checkpoints per resident adapter (`max_loras`) copied: the
 # resident ones plus as many recently used (vLLM may read an adapter's files again after loading it once).
 CACHED_PER_LORA = 2
 
@@ -175,13 +175,9 @@ def inference_from_vllm_config(vllm_config: dict[str, Any]) -> tuple[str, Infere
 
 
 @ray.remote(**SHELL, max_concurrency=CONTROL_CALLS)
-class CheckpointSource:
-    """Packs checkpoint directories of its node's disk (where the learner writes them) for inference actors on
-    other nodes; each packed checkpoint reaches them through Ray's object store."""
-
-    def pack(self, path: str) -> bytes:
-        """The checkpoint directory `path` of this node, packed (`inference.checkpoints.pack_directory`)."""
-        return pack_directory(path)
+class CheckpointSource(CheckpointFiles):
+    """The checkpoint directories of its node's disk (where the learner writes them), in chunks, for inference actors
+    on other nodes; the chunks reach them through Ray's object store."""
 
 
 @ray.remote(**SHELL, max_concurrency=8)
@@ -306,7 +302,7 @@ def _checkpoint_cache(cfg: InferenceConfig, checkpoint_node: str | None, source)
     here = ray.get_runtime_context().get_node_id()
     if checkpoint_node is None or here == checkpoint_node:
         return None
-    cache = CheckpointCache(lambda path: ray.get(source.pack.remote(path)), capacity=CACHED_PER_LORA * cfg.max_loras)
+    cache = CheckpointCache(RemoteProxy(source), capacity=CACHED_PER_LORA * cfg.max_loras)
     log.warning(
         "inference actor on node %s: checkpoints of node %s are fetched into %s", here, checkpoint_node, cache.root
     )

@@ -121,59 +121,110 @@ def _train_while_collecting(
     """Train from `step` up to `cfg.learner.num_steps` while the collector plays; returns the steps done, why the
     run stopped (None: it did not), whether the learner is stuck in a step (`learner.stall_timeout_s`) and the
     collector's game counts. A part of the run that fails or dies stops it at once, named: the learner (or a part
-    it calls) by its step's error, the collector by the end of its `collect` call, which is watched beside it."""
+    it calls) by its step's error, the collector, pool, buffer and tracker by `_Watch`, beside the learner's step."""
     import ray
 
     from unstable.runtime.loop import RunStopped
 
     counts, stopped, stalled, slowest = {"train": 0, "train_failed": 0}, None, False, 0.0
     collecting = t.collector.collect.remote(cfg.collector.num_workers, cfg.collector.num_eval_workers)
+    watch = _Watch(collecting, {"model pool": t.model_pool, "step buffer": t.step_buffer, "tracker": t.tracker})
     try:
         while step < cfg.learner.num_steps:
             began, limit = time.monotonic(), stall_limit(cfg, slowest)
-            on_row(_learner_row(t.learner.train.remote(1, stop_collection=False), collecting, limit))
+            on_row(_learner_row(t.learner.train.remote(1, stop_collection=False), watch, limit))
             slowest = max(slowest, time.monotonic() - began)
             step += 1
     except RunStopped as exc:
         stopped = exc.reason
     except ray.exceptions.GetTimeoutError:
         stopped, stalled = _stall_cause(t, cfg, limit, step + 1), True
-    except _CollectionFailed as exc:
-        stopped = f"the collector failed at step {step + 1}: {_ray_cause(exc.__cause__)}"
+    except _PartFailed as exc:
+        stopped = f"the {exc.part} failed at step {step + 1}: {_ray_cause(exc.__cause__)}"
     except ray.exceptions.RayError as exc:  # an update failed, or the learner or a part it calls died
-        stopped = f"the learner failed at step {step + 1}: {_ray_cause(exc)}"
+        part = watch.failed_part()  # the pool, say, died in a call of the learner's: named, not the learner
+        cause = _ray_cause(part.__cause__) if part else _ray_cause(exc)
+        stopped = f"the {part.part if part else 'learner'} failed at step {step + 1}: {cause}"
     try:
         ray.get(t.collector.stop.remote())
         counts = ray.get(collecting)
-    except ray.exceptions.RayError as exc:
+    except ray.exceptions.RayError as exc:  # it died after the last check
         if stopped is None:
-            raise
-        log.error("the collector did not stop cleanly after the run stopped: %s", _ray_cause(exc))
+            stopped = f"the collector failed after step {step}: {_ray_cause(exc)}"
+        else:
+            log.error("the collector did not stop cleanly after the run stopped: %s", _ray_cause(exc))
     return step, stopped, stalled, counts
 
 
-class _CollectionFailed(RuntimeError):
-    """The collector's `collect` call failed (its process died): raised from its Ray error."""
+WATCH_EVERY_S = 1.0  # how often the parts beside the learner are looked at during its step
 
 
-def _learner_row(train, collecting, limit: float) -> dict[str, Any]:
-    """The row of the learner's step `train` (a Ray call), watching the collector's `collecting` call beside it:
-    raises GetTimeoutError after `limit` seconds, _CollectionFailed at once when collection fails first (collection
-    that ends cleanly, stopped, leaves the learner to say why)."""
+class _PartFailed(RuntimeError):
+    """A part of the run beside the learner failed (its process died): raised from its Ray error."""
+
+    def __init__(self, part: str):
+        super().__init__(f"the {part} failed")
+        self.part = part
+
+
+class _Watch:
+    """The parts beside the learner, watched while it steps: the collector through its `collect` call, the others
+    (`parts`: name -> actor handle) through one ping (`__ray_ready__`) each in flight at a time. A ping that has not
+    come back is no failure (a busy part answers later); one that fails names its part."""
+
+    def __init__(self, collecting, parts: dict[str, Any]):
+        self.collecting = collecting  # None once collection ended cleanly (stopped: the learner says why)
+        self.parts = parts
+        self.pings: dict[str, Any] = {}
+
+    def check(self) -> set[str]:
+        """Raise _PartFailed for a part found dead; else the parts that answered since the last check (pinged again
+        on the next)."""
+        import ray
+
+        for name, handle in self.parts.items():
+            if name not in self.pings:
+                self.pings[name] = handle.__ray_ready__.remote()
+        calls = {"collector": self.collecting} if self.collecting is not None else {}
+        calls |= self.pings
+        ready, _ = ray.wait(list(calls.values()), num_returns=len(calls), timeout=0)
+        answered = {name for name, call in calls.items() if call in ready}
+        for name in answered:
+            try:
+                ray.get(calls[name])
+            except ray.exceptions.RayError as exc:
+                raise _PartFailed(name) from exc
+            if name == "collector":
+                self.collecting = None
+            else:
+                del self.pings[name]
+        return answered
+
+    def failed_part(self, wait_s: float = 10.0) -> _PartFailed | None:
+        """The failure of a watched part found dead before every other one answered (at most `wait_s`), or None."""
+        deadline, answered = time.monotonic() + wait_s, set()
+        while not answered >= set(self.parts) and time.monotonic() < deadline:
+            try:
+                answered |= self.check()
+            except _PartFailed as failure:
+                return failure
+            time.sleep(0.1)
+        return None
+
+
+def _learner_row(train, watch: _Watch, limit: float) -> dict[str, Any]:
+    """The row of the learner's step `train` (a Ray call), watching the other parts every `WATCH_EVERY_S`: raises
+    GetTimeoutError after `limit` seconds, _PartFailed as soon as another part is found dead."""
     import ray
 
-    deadline, watching = time.monotonic() + limit, [train, collecting]
+    deadline = time.monotonic() + limit
     while True:
-        ready, _ = ray.wait(watching, num_returns=1, timeout=max(deadline - time.monotonic(), 0.0))
-        if not ready:
-            raise ray.exceptions.GetTimeoutError(f"no learner step in {limit:.0f} s")
-        if train in ready:
+        ready, _ = ray.wait([train], timeout=min(WATCH_EVERY_S, max(deadline - time.monotonic(), 0.0)))
+        watch.check()  # at every step too: steps from a full buffer can come faster than WATCH_EVERY_S
+        if ready:
             return ray.get(train)[0]
-        try:
-            ray.get(collecting)
-        except ray.exceptions.RayError as exc:
-            raise _CollectionFailed() from exc
-        watching = [train]
+        if time.monotonic() >= deadline:
+            raise ray.exceptions.GetTimeoutError(f"no learner step in {limit:.0f} s")
 
 
 def _ray_cause(exc: BaseException) -> str:
@@ -227,7 +278,7 @@ def _close_learner(topology: Topology, stopped: str | None) -> None:
     except ray.exceptions.RayError as exc:
         if stopped is None:
             raise
-        log.error("the last state was not written after the run stopped (%s): %s", stopped, exc)
+        log.error("the last state was not written after the run stopped (%s): %s", stopped, _ray_cause(exc))
 
 
 def _logged_start_evaluation(run_dir: Path) -> dict[str, Any]:

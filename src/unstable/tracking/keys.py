@@ -117,7 +117,7 @@ INFERENCE_CACHED_PROMPT_TOKENS = "inference/cached_prompt_tokens"  # of which ta
 INFERENCE_PREFIX_CACHE_HIT_RATE = "inference/prefix_cache_hit_rate"  # cached / prompt tokens
 INFERENCE_POLICY_VERSION = "inference/policy_version"  # one server's newest checkpoint served (-1: the initial)
 INFERENCE_POLICY_VERSION_BY_ACTOR = "inference/policy_version_by_actor"  # [newest served by server 0, 1, ...]
-INFERENCE_CHECKPOINTS_FETCHED = "inference/checkpoints_fetched"  # unpacked from another node's disk
+INFERENCE_CHECKPOINTS_FETCHED = "inference/checkpoints_fetched"  # copied from another node's disk
 INFERENCE_CHECKPOINT_BYTES = "inference/checkpoint_bytes_fetched"
 
 # step buffer
