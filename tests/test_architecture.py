@@ -105,3 +105,14 @@ def test_the_algorithms_contract_lives_beside_them():
     are the algorithms' contract, so they live in `algorithms/`."""
     contract = {f"unstable.algorithms.{name}" for name in ("base", "batching", "trainable")}
     assert contract <= set(MODULES) and not {"unstable.batching", "unstable.trainable"} & set(MODULES)
+
+
+def test_importing_the_config_imports_no_torch():
+    """`import unstable.config` (the settings of every part) loads neither torch nor Ray: a tool that reads or writes
+    configs starts in a fraction of a second (the learner package imported torch with its settings before)."""
+    import subprocess
+    import sys
+
+    probe = "import sys, unstable.config; print(sorted({'torch', 'ray', 'transformers'} & set(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]", f"import unstable.config loaded {loaded}"

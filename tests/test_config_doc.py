@@ -23,3 +23,16 @@ def test_every_setting_has_a_row():
     for section in ("run", "model", "inference", "collector", "pool", "buffer", "learner", "tracker", "warm_start"):
         assert f"## `{section}`" in text
     assert "| `initial_lora_path` |" in text and "| `env_id` |" in text and "| `keep_steps` |" in text
+
+
+def test_each_section_keeps_its_whole_description():
+    """A section's description is its model's first docstring paragraph whole (it was cut to the first line, and four
+    sections ended mid-sentence)."""
+    from unstable.learner.config import RetentionConfig
+
+    paragraph = " ".join(RetentionConfig.__doc__.strip().split("\n\n")[0].split())
+    assert f"## `learner.retention`\n\n{paragraph}\n" in reference()
+    sections = reference().split("\n## ")[1:]
+    for section in sections:
+        summary = section.split("\n\n")[1]
+        assert summary.rstrip().endswith((".", ":", ")")), f"a description cut mid-sentence: {summary!r}"

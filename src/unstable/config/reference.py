@@ -97,7 +97,7 @@ def _sections(model: type[BaseModel], path: str, where: dict[type[BaseModel], st
     """The table of `model` under `path`, then the tables of the models nested in it, each model once (`where`
     maps each model to the section that has its table)."""
     where[model] = path
-    summary = (model.__doc__ or "").strip().splitlines()[0]
+    summary = " ".join((model.__doc__ or "").strip().split("\n\n")[0].split())  # the first paragraph, whole
     lines = [
         f"## `{path}`" if path else "## Top level",
         "",

@@ -125,7 +125,7 @@ class RunConfig(Settings):
     collector: CollectorConfig
     pool: PoolConfig = PoolConfig()
     buffer: BufferConfig = BufferConfig()
-    learner: LearnerConfig = LearnerConfig()
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
     evaluation: EvaluationConfig = EvaluationConfig()
     tracker: TrackerConfig = TrackerConfig()
     warm_start: WarmStartConfig | None = None

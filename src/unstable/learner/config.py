@@ -244,7 +244,7 @@ class LearnerConfig(Settings):
     optimizer: OptimizerConfig = OptimizerConfig()
     retention: RetentionConfig = RetentionConfig()
     resume_state: ResumeStateConfig = ResumeStateConfig()
-    algorithm: AlgorithmConfig = AlgorithmConfig()
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
 
     @model_validator(mode="before")
     @classmethod
