@@ -89,3 +89,18 @@ def test_no_file_holds_a_merge_conflict_marker():
     texts = [ROOT / name for name in tracked if name.endswith((".md", ".py", ".yaml", ".toml", ".sh", ".cfg", ".txt"))]
     marked = [str(path.relative_to(ROOT)) for path in texts if path.is_file() and marker.search(path.read_text())]
     assert not marked, f"merge conflict markers in {marked}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_no_page_cites_a_file_outside_the_repository(page):
+    """A reader has the repository only: a page that names a path outside it (our `shared/` notes, `../` past the
+    root) cites something they cannot open."""
+    text = page.read_text()
+    outside = re.findall(r"(?<![\w.])(?:\.\./)*shared/[\w./-]+", text)
+    outside += [t for t in LINK.findall(_outside_code(text)) if not re.match(r"[a-z]+:", t) and not _inside(page, t)]
+    assert not outside, f"{page.relative_to(ROOT)} cites outside the repository: {outside}"
+
+
+def _inside(page: Path, target: str) -> bool:
+    """Whether the relative link `target` of `page` stays inside the repository."""
+    return (page.parent / target.partition("#")[0]).resolve().is_relative_to(ROOT)

@@ -145,6 +145,8 @@ def _train_while_collecting(
         part = watch.failed_part()  # the pool, say, died in a call of the learner's: named, not the learner
         cause = _ray_cause(part.__cause__) if part else _ray_cause(exc)
         stopped = f"the {part.part if part else 'learner'} failed at step {step + 1}: {cause}"
+    if stopped is not None:
+        _end_waiting_step(t, stopped)
     try:
         ray.get(t.collector.stop.remote())
         counts = ray.get(collecting)
@@ -268,13 +270,28 @@ def _stall_cause(topology: Topology, cfg: RunConfig, limit: float, step: int) ->
     )
 
 
-def _close_learner(topology: Topology, stopped: str | None) -> None:
-    """The learner's last state written (`LearnerLoop.close`); after a stop, a failure to write it is logged (the
-    previous state stays), not raised over the cause."""
+CALL_AFTER_STOP_S = 120.0  # the longest wait for a call to a part after the run stopped (the learner's close)
+
+
+def _end_waiting_step(topology: Topology, stopped: str) -> None:
+    """Collection stopped at the buffer with the run's cause, so that a learner step still waiting for a batch (the
+    pool or the tracker died, which the learner does not call while it waits) ends instead of holding `close` behind
+    it for ever; a buffer that cannot be told (dead) has already failed that step."""
     import ray
 
     try:
-        ray.get(topology.learner.close.remote())
+        ray.get(topology.step_buffer.stop_collection.remote(stopped), timeout=CALL_AFTER_STOP_S)
+    except ray.exceptions.RayError as exc:
+        log.error("the buffer was not told that the run stopped (%s): %s", stopped, _ray_cause(exc))
+
+
+def _close_learner(topology: Topology, stopped: str | None) -> None:
+    """The learner's last state written (`LearnerLoop.close`); after a stop, a failure to write it (or no answer in
+    `CALL_AFTER_STOP_S`) is logged (the previous state stays), not raised over the cause."""
+    import ray
+
+    try:
+        ray.get(topology.learner.close.remote(), timeout=None if stopped is None else CALL_AFTER_STOP_S)
     except ray.exceptions.RayError as exc:
         if stopped is None:
             raise
