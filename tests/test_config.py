@@ -345,3 +345,22 @@ def test_with_vines_an_inference_actor_has_a_thread_for_every_vine_a_game_plays_
     vined = CollectorConfig(training_envs=envs, num_workers=4, num_eval_workers=2, vines={"rollouts": 3})
     assert plain.requests_in_flight() == plain.games_in_flight()
     assert vined.requests_in_flight() == 4 * MAX_VINES_AT_ONCE + 2
+
+
+def test_command_options_default_to_the_run_configs_settings():
+    """`unstable sft`, `eval` and `play` take their settings' defaults from the models a run config validates with
+    (`sft` defaulted to 100 games, 3 epochs, batch 32 while `warm_start:` defaults to 800, 2, 16)."""
+    from unstable.cli.main import build_parser
+    from unstable.inference.config import InferenceConfig
+    from unstable.learner.config import LoraConfig, WarmStartConfig
+
+    parser = build_parser()
+    sft = parser.parse_args(["sft", "--model", "m"])
+    ws, lora = WarmStartConfig(), LoraConfig()
+    assert (sft.agents, sft.games, sft.epochs, sft.batch_size, sft.lr, sft.lora_rank) == (
+        ws.agents, ws.games, ws.epochs, ws.batch_size, ws.learning_rate, lora.lora_rank,
+    )  # fmt: skip
+    inference = InferenceConfig()
+    for argv in (["eval", "--model", "m"], ["play", "random"]):
+        args = parser.parse_args(argv)
+        assert (args.temperature, args.max_new_tokens) == (inference.temperature, inference.max_new_tokens)

@@ -318,6 +318,7 @@ CASES = [
         _with("collector.vines.first_turn=4", "collector.vines.last_turn=2"),
         "vines",
     ),
+    ("eval at a negative temperature", _cli("eval", "--model", "org/m", "--temperature", "-1"), "--temperature"),
 ]
 
 

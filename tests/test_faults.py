@@ -24,7 +24,7 @@ from unstable.games import episode
 from unstable.games.moves import legal_moves
 from unstable.pool import ModelPool
 from unstable.pool.config import PoolConfig
-from unstable.records import EnvSpec, GenerationResult
+from unstable.records import EnvSpec, GenerationRequest, GenerationResult
 from unstable.rewards import WinDrawLossFormatter
 from unstable.runtime.loop import LearnerLoop, RunStopped
 from unstable.tracking import Tracker, keys
@@ -189,7 +189,6 @@ def test_ray_restarts_a_dead_inference_actor_and_its_in_flight_request_fails():
     import ray
 
     from unstable.inference import InferenceConfig
-    from unstable.records import GenerationRequest
     from unstable.runtime.actors import InferenceServerActor
 
     class SlowBackend:
@@ -330,6 +329,39 @@ def test_every_game_asking_an_inference_actor_that_stops_gets_an_answer_or_an_er
             assert not any(game.is_alive() for game in games), "a request to the stopped server never resolved"
             assert len(errors) == len(games) and all("inference server stopped" in str(e) for e in errors)
             ray.kill(server)
+    finally:
+        ray.shutdown()
+
+
+def test_an_inference_actor_killed_while_its_engine_starts_is_started_again(tmp_path):
+    """The run's start waits for every inference actor's `start`; one whose process died meanwhile is restarted by
+    Ray and started again (before: the run ended at once, exit 2, 'the inference engine did not start:
+    ActorUnavailableError', as if the engine had refused its config; found by benchmarks/chaos.py)."""
+    import functools
+
+    import ray
+
+    from unstable.inference import InferenceConfig
+    from unstable.runtime.actors import InferenceServerActor, _started
+
+    class DiesOnceWhileStarting:
+        """A backend whose first build kills its process (as `kill -9` of an inference actor starting its engine
+        would); the marker file `path` makes the next build, in the restarted process, succeed."""
+
+        def __init__(self, path: str, seed=None):
+            if not os.path.exists(path):
+                open(path, "w").close()
+                os._exit(1)
+
+        def generate(self, requests):
+            return [GenerationResult("\\boxed{[4]}", (1,), (2,), (-0.1,)) for _ in requests]
+
+    ray.init(num_cpus=1, include_dashboard=False, ignore_reinit_error=True)
+    try:
+        factory = functools.partial(DiesOnceWhileStarting, str(tmp_path / "started-once"))
+        server = InferenceServerActor.options(max_restarts=1).remote(factory, InferenceConfig())
+        _started(server, server.start.remote(), max_restarts=1)
+        assert ray.get(server.generate.remote(GenerationRequest("Your move: "))).text == "\\boxed{[4]}"
     finally:
         ray.shutdown()
 

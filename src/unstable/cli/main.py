@@ -252,6 +252,21 @@ def _template(name: str) -> None:
     get_template(name)
 
 
+def _setting_flag(parser: argparse.ArgumentParser, flag: str, model, setting: str, **options) -> None:
+    """Add `flag` for the field of settings model `model` that a run config calls `setting` (its last part names the
+    field): its default and help are the field's, so the command and `unstable train` have one source; the command
+    validates the value with `model`."""
+    info = model.model_fields[setting.rpartition(".")[2]]
+    default = info.get_default(call_default_factory=True)
+    if isinstance(default, list):
+        options.setdefault("nargs", "+")
+    else:
+        options.setdefault("type", type(default))
+    description = info.description.replace("%", "%%")  # argparse formats help strings with %
+    help_text = f"{description} (default: %(default)s; `{setting}` in a run config)"
+    parser.add_argument(flag, default=default, help=help_text, **options)
+
+
 def _add_model_and_env_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="base model directory or hub id")
     parser.add_argument("--build-tiny", action="store_true", help="build the tiny test model at --model if missing")
@@ -380,6 +395,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     check_probe(args.probe, args.env)
     if args.out:
         check_makeable("--out", str(Path(args.out).parent))
+    with _flags_named({"num_threads": "--threads"}):
+        inference = InferenceConfig(
+            max_new_tokens=args.max_new_tokens, temperature=args.temperature, num_threads=args.threads
+        )
     model, spec = _model_and_spec(args)
     with progress("eval games", args.games * len(args.opponents)) as bar:
         report = evaluate(
@@ -388,9 +407,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             args.opponents,
             adapter=args.adapter,
             games_per_opponent=args.games,
-            inference=InferenceConfig(
-                max_new_tokens=args.max_new_tokens, temperature=args.temperature, num_threads=args.threads
-            ),
+            inference=inference,
             concurrency=args.concurrency,
             seed=args.seed,
             probe_positions=args.probe,
@@ -466,6 +483,9 @@ def cmd_play(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
+    from unstable.inference.config import InferenceConfig
+    from unstable.learner.config import LoraConfig, WarmStartConfig
+
     parser = argparse.ArgumentParser(prog="unstable", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train from a YAML config")
@@ -495,14 +515,12 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.set_defaults(func=cmd_build_tiny_model)
     sft = sub.add_parser("sft", help="warm-start a model by SFT on moves of scripted agents")
     _add_model_and_env_args(sft)
-    sft.add_argument(
-        "--agents", nargs="+", default=["random", "random"], type=_arg_type(_scripted_agent), help="one per seat"
-    )
-    sft.add_argument("--games", type=int, default=100, help="games to generate moves from")
-    sft.add_argument("--epochs", type=int, default=3)
-    sft.add_argument("--batch-size", type=int, default=32)
-    sft.add_argument("--lr", type=float, default=1e-3)
-    sft.add_argument("--lora-rank", type=int, default=16)
+    _setting_flag(sft, "--agents", WarmStartConfig, "warm_start.agents", type=_arg_type(_scripted_agent))
+    _setting_flag(sft, "--games", WarmStartConfig, "warm_start.games")
+    _setting_flag(sft, "--epochs", WarmStartConfig, "warm_start.epochs")
+    _setting_flag(sft, "--batch-size", WarmStartConfig, "warm_start.batch_size")
+    _setting_flag(sft, "--lr", WarmStartConfig, "warm_start.learning_rate")
+    _setting_flag(sft, "--lora-rank", LoraConfig, "learner.policy.lora.lora_rank")
     sft.add_argument(
         "--lora-targets",
         nargs="+",
@@ -519,8 +537,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--opponents", nargs="+", default=["random"], type=_arg_type(_opponent), help="scripted names or adapter dirs"
     )
     evaluation.add_argument("--games", type=int, default=20, help="games per opponent (seats alternate)")
-    evaluation.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0: greedy)")
-    evaluation.add_argument("--max-new-tokens", type=int, default=8)
+    _setting_flag(evaluation, "--temperature", InferenceConfig, "inference.temperature")
+    _setting_flag(evaluation, "--max-new-tokens", InferenceConfig, "inference.max_new_tokens")
     evaluation.add_argument("--concurrency", type=int, default=32, help="games in flight")
     evaluation.add_argument(
         "--probe",
@@ -545,8 +563,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     play.add_argument("--num-players", type=int, default=2)
     play.add_argument("--template", default="qwen3-zs", type=_arg_type(_template), help="the model's prompt template")
-    play.add_argument("--temperature", type=float, default=1.0, help="the model's sampling temperature (0: greedy)")
-    play.add_argument("--max-new-tokens", type=int, default=8)
+    _setting_flag(play, "--temperature", InferenceConfig, "inference.temperature")
+    _setting_flag(play, "--max-new-tokens", InferenceConfig, "inference.max_new_tokens")
     play.add_argument("--seed", type=int, default=0)
     play.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     play.add_argument("--out", default="runs/play", help="the directory whose records.jsonl the game is added to")

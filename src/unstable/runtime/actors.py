@@ -20,6 +20,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -357,13 +358,37 @@ def _start_servers(
         for actor_seed in seeds
     ]
     try:
-        ray.get([server.start.remote() for server in servers])
+        calls = [server.start.remote() for server in servers]
+        for server, call in zip(servers, calls):
+            _started(server, call, inference.max_restarts)
     except ray.exceptions.RayError as exc:  # one line for the user: the engine's own first words, not Ray's trace
         cause = getattr(exc, "cause", None) or exc
         raise ConfigError(
             f"inference.backend = {inference.backend}: the inference engine did not start: {_first_line(cause)}"
         ) from exc
     return servers
+
+
+ENGINE_START_S = 1800.0  # the longest an inference actor may take to start, restarts included
+
+
+def _started(server, call, max_restarts: int) -> None:
+    """Wait for `call`, the inference actor `server`'s `start`. An actor whose process died while starting (killed,
+    not refused by its engine) is restarted by Ray up to `max_restarts` times: start it again (`start` is idempotent;
+    a restarted actor starts itself) instead of failing the run's start."""
+    deaths, deadline = 0, time.monotonic() + ENGINE_START_S
+    while True:
+        try:
+            return ray.get(call)
+        except ray.exceptions.ActorUnavailableError:  # restarting now: ask again in a moment
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+        except ray.exceptions.RayActorError:  # its process died
+            deaths += 1
+            if deaths > max_restarts:
+                raise
+        call = server.start.remote()
 
 
 def _first_line(exc: BaseException) -> str:
