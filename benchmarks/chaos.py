@@ -171,6 +171,20 @@ def outcome(run: subprocess.Popen, run_dir: Path, target: str, step: int, wait_s
     return {"outcome": "hung", "seconds": wait_s}
 
 
+def wait_for_a_moment(run: subprocess.Popen, run_dir: Path, steps: int, rng: random.Random) -> str:
+    """Wait for the next kill's moment, drawn from `rng`: a third of the time 3-30 s into whatever the session is
+    doing (often its start: Ray, the models, the first batch), else 0-5 s after 1-3 more learner steps (or the
+    last step: the final evaluation). Returns which kind of moment it was."""
+    if rng.random() < 1 / 3:
+        time.sleep(rng.uniform(3.0, 30.0))
+        return "any"
+    target = min(last_step(run_dir) + rng.randint(1, 3), steps)
+    while run.poll() is None and last_step(run_dir) < target:
+        time.sleep(0.5)
+    time.sleep(rng.uniform(0.0, 5.0))
+    return "training"
+
+
 def chaos_run(args, kind: str, kills: int, rng: random.Random) -> dict:
     """One run of `kind` killed up to `kills` times at random moments, resumed after each stop, carried to its end
     (a run that ends before its kills ends with fewer)."""
@@ -186,13 +200,14 @@ def chaos_run(args, kind: str, kills: int, rng: random.Random) -> dict:
         if len(records) >= kills:
             run.wait()
             continue
-        time.sleep(rng.uniform(3.0, 30.0))
+        moment = wait_for_a_moment(run, run_dir, args.steps, rng)
         target = rng.choice(list(TARGETS))
         if run.poll() is not None or not kill(run, target):
             continue
         step = last_step(run_dir)
-        records.append({"target": target, "step": step} | outcome(run, run_dir, target, step, args.hang_s))
-        print(f"  {kind} kill {len(records)}: {target} at step {step} -> {records[-1]['outcome']}", flush=True)
+        record = {"target": target, "moment": moment, "step": step}
+        records.append(record | outcome(run, run_dir, target, step, args.hang_s))
+        print(f"  {kind} kill {len(records)}: {target} at step {step} ({moment}) -> {records[-1]}", flush=True)
     logged = [r["learner/step"] for r in rows(run_dir) if "learner/step" in r]
     return {
         "kind": kind,
