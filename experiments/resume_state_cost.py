@@ -67,8 +67,8 @@ def run_mode(model_dir: str, run_dir: Path, steps: int, lora: bool, resume_state
     from unstable.tracking import Tracker, TrackerConfig, keys
 
     cfg = LearnerConfig(
-        num_steps=steps, batch_size=8, micro_batch_tokens=1024, learning_rate=1e-4,
-        lora=LoraConfig(lora_rank=8) if lora else None, resume_state=resume_state,
+        num_steps=steps, batch_size=8, optimizer={"learning_rate": 1e-4}, resume_state=resume_state,
+        policy={"micro_batch_tokens": 1024, "lora": LoraConfig(lora_rank=8) if lora else None},
     )  # fmt: skip
     buffer = StepBuffer(steps * 8 + 8, final_reward_transformation=WinDrawLossFormatter())
     for seed in range(4 * steps + 1):  # 2 learner moves a game, 8 a batch

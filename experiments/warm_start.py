@@ -69,7 +69,9 @@ def probe(name: str, model_dir: str, steps: list[Step], held_out: list[Step], ar
     init, lora_cfg, lr = VARIANTS[name]
     build_tiny_model(model_dir, initializer_range=init, seed=args.seed)
     torch.manual_seed(args.seed)
-    learner = sft_learner(model_dir, LearnerConfig(learning_rate=lr, lora=lora_cfg, num_threads=args.threads))
+    learner = sft_learner(
+        model_dir, LearnerConfig(policy={"lora": lora_cfg}, optimizer={"learning_rate": lr}, num_threads=args.threads)
+    )
     learner.initialize()
     rng, order, start, losses, curve = random.Random(args.seed), [], time.time(), [], []
     for update in range(1, args.updates + 1):

@@ -18,6 +18,7 @@ from unstable.algorithms.vtrace_awr import one_step_vtrace
 from unstable.buffer import StepBuffer
 from unstable.config import ConfigError, validate_config
 from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyConfig, PolicyModel
+from unstable.learner.config import nest_flat_fields
 from unstable.pool import ModelPool
 from unstable.records import GameRecord, Step
 from unstable.rl import TrainerConfig, awr_weights
@@ -243,7 +244,7 @@ def bandit(tiny_model_dir):
 
 def _learner(tiny_model_dir, algorithm, **kw):
     options = {"lora": LoraConfig(lora_rank=4), "learning_rate": 0.005, "micro_batch_tokens": 512, "num_threads": 1}
-    cfg = LearnerConfig(**(options | kw))
+    cfg = LearnerConfig(**nest_flat_fields(options | kw))  # StandardLearner-style keywords
     learner = Learner.build(tiny_model_dir, algorithm, cfg)
     torch.manual_seed(0)  # the LoRA initialisation
     learner.initialize()
@@ -560,7 +561,7 @@ def test_lr_schedules_warm_up_then_decay_to_the_floor():
         [0.5, 1.0, 1.0, 2 / 3, 1 / 3, 0.0]
     )
     with pytest.raises(ValueError, match="lr_schedule"):
-        LearnerConfig(lr_schedule="exponential")
+        LearnerConfig(optimizer={"lr_schedule": "exponential"})
 
 
 def test_learner_follows_the_schedule_in_every_group_and_after_a_restore(tiny_model_dir, bandit):

@@ -47,7 +47,8 @@ def _loop(model_dir: str, run_dir: Path, num_steps: int) -> LearnerLoop:
     """A learner loop over plain components, saving its state every 5 steps and keeping 2, checkpoints of the
     last 2 steps kept by retention; its buffer holds 2 steps per update."""
     cfg = LearnerConfig(
-        num_steps=num_steps, batch_size=2, micro_batch_tokens=64, learning_rate=0.01, lora=LoraConfig(lora_rank=2),
+        num_steps=num_steps, batch_size=2, optimizer={"learning_rate": 0.01},
+        policy={"micro_batch_tokens": 64, "lora": LoraConfig(lora_rank=2)},
         resume_state=ResumeStateConfig(every_steps=5, every_minutes=None, keep_last=2),
         retention=RetentionConfig(keep_last=2),
     )  # fmt: skip

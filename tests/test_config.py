@@ -82,11 +82,11 @@ def test_full_finetuning_refuses_a_pool_that_plays_past_checkpoints():
         "model": {"path": "m"},
         "collector": {"training_envs": [["TicTacToe-v0-train", 2, "qwen3-zs"]]},
         "pool": {"sample_mode": "lagged", "max_active_lora": 3},
-        "learner": {"lora": None},
+        "learner": {"policy": {"lora": None}},
     }
     with pytest.raises(ConfigError, match="full fine-tuning .* serves only the newest one"):
         validate_config(data)
-    data["learner"]["lora"] = {"lora_rank": 4}
+    data["learner"]["policy"]["lora"] = {"lora_rank": 4}
     assert validate_config(data).pool.sample_mode == "lagged"
 
 
@@ -284,7 +284,7 @@ def test_the_original_apis_learner_keywords_default_to_the_yaml_learners_values(
 
     assert learner_config_from_original_api() == LearnerConfig()
     full = learner_config_from_original_api(full_finetune=True, activation_checkpointing=True, batch_size=8)
-    assert full == LearnerConfig(lora=None, gradient_checkpointing=True, batch_size=8)
+    assert full == LearnerConfig(policy={"lora": None, "gradient_checkpointing": True}, batch_size=8)
     assert learner_config_from_original_api(lora_cfg={"lora_rank": 4}).policy.lora == LoraConfig(lora_rank=4)
 
 
@@ -300,23 +300,38 @@ def test_the_learner_is_split_by_owner_and_a_policy_loads_from_its_part_alone(ti
     assert policy.trainable_parameters() and policy.device == "cpu"
 
 
-def test_learner_fields_written_flat_go_to_their_section_as_a_config_from_before_the_split_has_them(tiny_model_dir):
-    """The original API's keywords and run configs written before the split name policy and optimizer fields flat
-    under `learner:`; they land in their section, and a field given both ways is one error naming it."""
+def test_a_learner_field_has_one_spelling_and_an_old_run_directory_is_upgraded_on_resume(
+    tiny_model_dir, tmp_path, caplog
+):
+    """A policy or optimizer field written flat under `learner:` is refused, naming its section (it was a second
+    spelling of every such field); the original API's keywords and a run directory's `config.yaml` written before the
+    split are moved into the sections, the latter with a warning, and a field given both ways is one error."""
     from unstable.learner import LearnerConfig, OptimizerConfig, PolicyConfig
+    from unstable.runtime.actors import learner_config_from_original_api
 
-    flat = LearnerConfig(learning_rate=0.1, lora=None, max_train_len=64, batch_size=8)
-    assert flat == LearnerConfig(
-        batch_size=8, optimizer=OptimizerConfig(learning_rate=0.1), policy=PolicyConfig(lora=None, max_train_len=64)
+    with pytest.raises(ValueError, match=r"learning_rate belongs in learner.optimizer \(learner.optimizer\."):
+        LearnerConfig(learning_rate=0.1)
+    nested = LearnerConfig(batch_size=8, optimizer={"learning_rate": 0.1}, policy={"lora": None, "max_train_len": 64})
+    assert learner_config_from_original_api(learning_rate=0.1, full_finetune=True, max_train_len=64, batch_size=8) == (
+        nested
+    )
+    assert nested.optimizer == OptimizerConfig(learning_rate=0.1) and nested.policy == PolicyConfig(
+        lora=None, max_train_len=64
     )
     recorded = Path(__file__).parent / "fixtures" / "recorded_run" / "config.yaml"  # written with flat fields
     old = yaml.safe_load(recorded.read_text())
     assert "learning_rate" in old["learner"] and "lora" in old["learner"]
     old["model"]["path"] = tiny_model_dir
-    cfg = validate_config(old, source=str(recorded))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+    with pytest.raises(ConfigError, match="belongs in learner.policy"):
+        load_config(tmp_path / "config.yaml")  # as a new run's config
+    cfg = load_config(tmp_path / "config.yaml", run_dir=tmp_path)  # as the run's own, resumed
     assert cfg.learner.optimizer.learning_rate == old["learner"]["learning_rate"] and cfg.learner.policy.lora is None
+    assert "moved" in caplog.text and "'learning_rate'" in caplog.text
+    mixed = old | {"learner": old["learner"] | {"optimizer": {"learning_rate": 0.5}}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(mixed))
     with pytest.raises(ConfigError, match="learning_rate is given both as learner.learning_rate and learner.optimizer"):
-        validate_config(old | {"learner": old["learner"] | {"optimizer": {"learning_rate": 0.5}}}, source="mixed")
+        load_config(tmp_path / "config.yaml", run_dir=tmp_path)
 
 
 def test_a_batch_larger_than_the_buffer_is_refused_by_unstable_train(tmp_path, capsys):

@@ -155,7 +155,7 @@ def _resume_below_the_saved_step(tmp_path: Path) -> None:
 def _resume_without_the_warm_start(tmp_path: Path) -> None:
     adapter = tmp_path / "warm-start" / "checkpoints" / "ckpt-9"
     adapter.mkdir(parents=True)
-    write_config(validate_config(_base() | {"learner": {"initial_lora_path": str(adapter)}}), tmp_path)
+    write_config(validate_config(_base() | {"learner": {"policy": {"initial_lora_path": str(adapter)}}}), tmp_path)
     adapter.rmdir()
     resume_training(tmp_path)
 

@@ -38,7 +38,9 @@ def initial_adapter(tiny_model_dir, tmp_path_factory) -> str:
 
 
 def _warm_learner(tiny_model_dir, adapter: str) -> Learner:
-    cfg = LearnerConfig(lora=LORA, initial_lora_path=adapter, learning_rate=0.01, num_threads=1)
+    cfg = LearnerConfig(
+        policy={"lora": LORA, "initial_lora_path": adapter}, optimizer={"learning_rate": 0.01}, num_threads=1
+    )
     learner = Learner.build(tiny_model_dir, Reinforce(ref_kl_coef=0.1), cfg)
     learner.initialize()
     return learner
@@ -82,7 +84,7 @@ def test_a_restored_learner_keeps_the_initial_adapter_as_its_reference(tiny_mode
 
 
 def _bf16_learner(tiny_model_dir, lora: LoraConfig | None) -> Learner:
-    cfg = LearnerConfig(lora=lora, learning_rate=1e-5, num_threads=1)
+    cfg = LearnerConfig(policy={"lora": lora}, optimizer={"learning_rate": 1e-5}, num_threads=1)
     learner = Learner.build(tiny_model_dir, Reinforce(), cfg, dtype="bfloat16")
     torch.manual_seed(0)
     learner.initialize()

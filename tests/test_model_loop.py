@@ -15,6 +15,7 @@ from unstable.games import get_template, play_episode
 from unstable.inference import InferenceConfig, InferenceServer, SamplingConfig
 from unstable.inference.transformers_backend import TransformersBackend
 from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyConfig, PolicyModel
+from unstable.learner.config import nest_flat_fields
 from unstable.pool import ModelPool
 from unstable.records import Checkpoint, EnvSpec, GenerationRequest
 from unstable.rewards import WinDrawLossFormatter
@@ -76,7 +77,7 @@ def test_policy_agent_plays_a_full_game_against_random(server):
 
 def _loop(model_dir, buffer, pool, run_dir, algorithm, **learner_settings):
     """A learner loop over plain components; the tracker reads the buffer's and the pool's metrics."""
-    cfg = LearnerConfig(**learner_settings)
+    cfg = LearnerConfig(**nest_flat_fields(learner_settings))  # StandardLearner-style keywords
     tracker = Tracker(run_dir)
     tracker.add_source(buffer)
     tracker.add_source(pool)

@@ -48,7 +48,7 @@ def test_sft_is_a_registered_algorithm_computing_masked_mean_nll(tiny_model_dir)
 
     assert ALGORITHMS["sft"] is SFT
     steps = [step((5, 6, 7), (8, 2)), step((5, 9), (10, 11, 2))]
-    learner = sft_learner(tiny_model_dir, LearnerConfig(lora=None, learning_rate=1e-3))
+    learner = sft_learner(tiny_model_dir, LearnerConfig(policy={"lora": None}, optimizer={"learning_rate": 1e-3}))
     learner.initialize()
     sums = learner.policy.completion_logprobs(steps)
     assert learner.policy.completion_logprobs([steps[1], steps[0], steps[1]]) == [sums[1], sums[0], sums[1]]
@@ -204,7 +204,7 @@ def test_run_config_warm_start_trains_first_and_rl_starts_from_its_checkpoint(ti
         {
             "model": {"path": tiny_model_dir},
             "collector": {"training_envs": [["TicTacToe-v0-train", 2, "qwen3-zs"]]},
-            "learner": {"lora": lora},
+            "learner": {"policy": {"lora": lora}},
             "warm_start": {"agents": ["random", "tictactoe-minimax"], "games": 2, "epochs": 1, "batch_size": 8},
         }
     )

@@ -240,7 +240,11 @@ def test_new_checkpoint_is_hot_swapped_into_a_running_collection(engine, tiny_mo
     buffer = _LockedBuffer(64, final_reward_transformation=WinDrawLossFormatter())
     tracker = Tracker(tmp_path)
     collector = Collector(server, pool, buffer, tracker, CollectorConfig(training_envs=[TICTACTOE], max_turns=6))
-    cfg = LearnerConfig(batch_size=4, micro_batch_tokens=256, learning_rate=0.05, lora=LoraConfig(lora_rank=4))
+    cfg = LearnerConfig(
+        batch_size=4,
+        policy={"micro_batch_tokens": 256, "lora": LoraConfig(lora_rank=4)},
+        optimizer={"learning_rate": 0.05},
+    )
     learner = Learner.build(tiny_model_dir, Reinforce(max_generation_len=MAX_NEW_TOKENS), cfg)
     loop = LearnerLoop(learner, buffer, pool, tracker, str(tmp_path))
     with ThreadPoolExecutor(1) as games:

@@ -395,7 +395,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     check_probe(args.probe, args.env)
     if args.out:
         check_makeable("--out", str(Path(args.out).parent))
-    with _flags_named({"num_threads": "--threads"}):
+    check_threads(args.threads)
+    with _flags_named({}):
         inference = InferenceConfig(
             max_new_tokens=args.max_new_tokens, temperature=args.temperature, num_threads=args.threads
         )

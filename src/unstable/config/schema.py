@@ -9,6 +9,7 @@ what is allowed (unknown keys are errors too, so a typo cannot silently fall bac
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,10 +20,12 @@ from unstable.agents.seating import parse_opponent
 from unstable.buffer.config import BufferConfig
 from unstable.collector.config import CollectorConfig
 from unstable.inference.config import InferenceConfig
-from unstable.learner.config import LearnerConfig, WarmStartConfig
+from unstable.learner.config import LearnerConfig, WarmStartConfig, nest_flat_fields
 from unstable.pool.config import PoolConfig
 from unstable.settings import Settings
 from unstable.tracking.config import TrackerConfig
+
+log = logging.getLogger(__name__)
 
 
 class RunSection(Settings):
@@ -212,11 +215,27 @@ def load_config(path: str | Path, overrides: list[str] | None = None, run_dir: s
     path = Path(path)
     data = _read_yaml(path)
     if run_dir is not None:
+        _upgrade(data, path)
         for field in PATH_FIELDS:
             _set_field(data, field, _inside(_get_field(data, field), Path(run_dir)))
     for override in overrides or []:
         _apply_override(data, override)
     return validate_config(data, source=str(path))
+
+
+def _upgrade(data: dict[str, Any], path: Path) -> None:
+    """A run's `config.yaml` written before the learner's `policy` and `optimizer` sections, in place: its fields
+    named flat under `learner:` moved into them, with a warning (the resumed run writes the file anew)."""
+    learner = data.get("learner")
+    if not isinstance(learner, dict):
+        return
+    try:
+        data["learner"] = nest_flat_fields(learner)
+    except ValueError as exc:
+        raise ConfigError(f"invalid config {path}: learner: {exc}") from None
+    moved = sorted(set(learner) - set(data["learner"]))
+    if moved:
+        log.warning("%s was written before learner.policy and learner.optimizer: moved %s into them", path, moved)
 
 
 def run_config_data(cfg: RunConfig, run_dir: str | Path) -> dict[str, Any]:

@@ -190,17 +190,17 @@ class OptimizerConfig(Settings):
         return check_registered(value, LR_SCHEDULES, "lr_schedule")
 
 
-# The sections of `learner:` whose fields may also be written flat under `learner:` (the original API's
-# StandardLearner keywords, and run configs written before the split): `learner.learning_rate` is
-# `learner.optimizer.learning_rate`.
+# The sections of `learner:` whose fields the original API's StandardLearner keywords, and run configs written
+# before the split, give flat under `learner:` (`learning_rate` for `optimizer.learning_rate`): its adapter and the
+# resume of such a run move them (`nest_flat_fields`); a run config names each in its section only.
 NESTED_SECTIONS = {"policy": PolicyConfig, "optimizer": OptimizerConfig}
 
 
 class LearnerConfig(Settings):
     """The learning loop (steps, batch, staleness, kept files, algorithm), its `policy` and its `optimizer`.
 
-    A field of `policy` or `optimizer` written flat under `learner:` (the original API's keywords, a run config
-    from before the split) is moved into its section (`nest_flat_fields`)."""
+    A field of `policy` or `optimizer` belongs in its section: written flat under `learner:` it is refused, naming
+    the section (the original API's keywords and old run directories are moved there by `nest_flat_fields`)."""
 
     num_steps: int = Field(10, ge=1, description="learner updates in a run")
     batch_size: int = Field(32, ge=1, description="steps per update")
@@ -248,8 +248,12 @@ class LearnerConfig(Settings):
 
     @model_validator(mode="before")
     @classmethod
-    def _nest_flat_fields(cls, data: Any) -> Any:
-        return nest_flat_fields(data) if isinstance(data, dict) else data
+    def _each_field_in_its_section(cls, data: Any) -> Any:
+        for section, model in NESTED_SECTIONS.items():
+            flat = sorted(set(model.model_fields) & set(data if isinstance(data, dict) else ()))
+            if flat:
+                raise ValueError(f"{flat[0]} belongs in learner.{section} (learner.{section}.{flat[0]})")
+        return data
 
     @model_validator(mode="after")
     def _mini_batch_fits(self) -> LearnerConfig:
@@ -304,8 +308,8 @@ class LearnerConfig(Settings):
 
 
 def nest_flat_fields(settings: dict[str, Any]) -> dict[str, Any]:
-    """`settings` with each field of a `NESTED_SECTIONS` section written flat moved into its section; a field
-    given both ways is an error naming both."""
+    """`settings` (a `learner:` section's data or keywords) with each field of a `NESTED_SECTIONS` section written
+    flat moved into its section; a field given both ways is an error naming both."""
     nested = dict(settings)
     for section, model in NESTED_SECTIONS.items():
         flat = {name: nested.pop(name) for name in model.model_fields if name in nested}

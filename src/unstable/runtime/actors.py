@@ -37,6 +37,7 @@ from unstable.config.schema import check_model_path
 from unstable.inference import InferenceClient, InferenceConfig, InferenceServer
 from unstable.inference.checkpoints import CheckpointCache, CheckpointFiles
 from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
+from unstable.learner.config import nest_flat_fields
 from unstable.learner.parallel import DataParallel, free_port
 from unstable.pool import ModelPool
 from unstable.pool.config import PoolConfig
@@ -423,7 +424,7 @@ def learner_config_from_original_api(
         settings["lora"] = LoraConfig(**lora_cfg)
     if activation_checkpointing:
         settings["gradient_checkpointing"] = True
-    return LearnerConfig(**settings)  # its policy's and optimizer's fields, given flat, go to their sections
+    return LearnerConfig(**nest_flat_fields(settings))  # its policy's and optimizer's fields go to their sections
 
 
 @ray.remote(**SHELL)
