@@ -9,7 +9,7 @@ whole tree) or `hung` (neither within `--hang-s`; the tree is then killed). A ru
 resumed. Per run: every learner step logged once, the run finished, and its final evaluation beside an unkilled run
 of the same seed.
 
-    python benchmarks/chaos.py [--kills 30] [--steps 40] [--seed 0] [--out benchmarks/results/chaos.json]
+    python benchmarks/chaos.py [--kills 30] [--steps 100] [--seed 0] [--out benchmarks/results/chaos.json]
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def parse_args() -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=30, help="kills in all, split over the fine-tuning kinds")
-    parser.add_argument("--steps", type=int, default=40, help="learner steps of each run")
+    parser.add_argument("--steps", type=int, default=100, help="learner steps of each run")
     parser.add_argument("--seed", type=int, default=0, help="draws the moments and the targets")
     parser.add_argument(
         "--hang-s", type=float, default=300.0, help="a run neither ended nor stepping this long after a kill hangs"
