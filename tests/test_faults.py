@@ -333,6 +333,44 @@ def test_every_game_asking_an_inference_actor_that_stops_gets_an_answer_or_an_er
         ray.shutdown()
 
 
+def test_a_part_killed_while_the_run_starts_stops_it_in_one_line(tiny_model_dir, tmp_path):
+    """kill -9 of the tracker as soon as its process exists, while the other parts are still being built (the
+    collector asks it for the run directory): the run stops with one line naming the dead part, status 1 (before: a
+    Ray traceback; found by benchmarks/chaos.py), and resumed it finishes."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from .runs import EXAMPLE, tiny_run
+
+    overrides = tiny_run(tmp_path, tiny_model_dir, "start-killed", "warm_start=null", "inference.num_actors=2")
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = os.environ | {"PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = [sys.executable, "-m", "unstable.cli.main", "train"]
+    run = subprocess.Popen(
+        [*command, str(EXAMPLE), *(a for o in overrides for a in ("--set", o))],
+        env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.time() + 240
+    while (tracker := _ray_process("TrackerActor", run.pid)) is None:
+        assert run.poll() is None and time.time() < deadline, "the run ended before its tracker started"
+        time.sleep(0.05)
+    tracker.kill()
+    try:
+        _, err = (stream.decode() for stream in run.communicate(timeout=180))
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+        raise AssertionError("the run never ended after its tracker died") from None
+    last = err.strip().splitlines()[-1]
+    assert run.returncode == 1 and last.startswith("error: the run stopped: "), err[-3000:]
+    assert "TrackerActor died" in last, last
+    resumed = subprocess.run(
+        [*command, "--resume", str(tmp_path / "start-killed")], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+
 def test_an_inference_actor_killed_while_its_engine_starts_is_started_again(tmp_path):
     """The run's start waits for every inference actor's `start`; one whose process died meanwhile is restarted by
     Ray and started again (before: the run ended at once, exit 2, 'the inference engine did not start:

@@ -514,9 +514,13 @@ def _run_on_ray(
     import ray
 
     init_ray(cfg)
+    start_step = point[0] if point else 0
     try:
-        topology = build_topology(cfg, run_dir, resume_step=point[0] if point else 0)
+        topology = build_topology(cfg, run_dir, resume_step=start_step)
         start_step = ray.get(topology.learner.restore.remote(str(point[1]))) if point else 0
         return run(topology, cfg, on_row, start_step)
+    except ray.exceptions.RayError as exc:  # a part died while the run started or ended, outside a learner step
+        stopped = f"a part of the run failed while it started or ended: {_ray_cause(exc)}"
+        return RunSummary(str(run_dir), start_step, 0, stopped=stopped)
     finally:
         ray.shutdown()
