@@ -150,8 +150,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(_format_eval(f"eval vs {opponents} at end  ", summary.eval_end))
     if summary.warm_start_checkpoint:
         print(f"  warm start: {summary.warm_start_checkpoint}")
-    for line in balance_lines(read_rows(summary.run_dir)):
-        print(f"  {line}")
+    if (Path(summary.run_dir) / "metrics.jsonl").exists():  # a run stopped in its start may have written none
+        for line in balance_lines(read_rows(summary.run_dir)):
+            print(f"  {line}")
     print(f"  run dir: {summary.run_dir} (config.yaml, metrics.jsonl, checkpoints/, logs/)")
     print(f"  watch or plot it: unstable dashboard {summary.run_dir}   unstable report {summary.run_dir}")
     if summary.stopped:
