@@ -380,7 +380,7 @@ def test_an_inference_actor_killed_while_its_engine_starts_is_started_again(tmp_
     import ray
 
     from unstable.inference import InferenceConfig
-    from unstable.runtime.actors import InferenceServerActor, _started
+    from unstable.runtime.actors import InferenceServerActor, _start_surviving_restarts
 
     class DiesOnceWhileStarting:
         """A backend whose first build kills its process (as `kill -9` of an inference actor starting its engine
@@ -398,7 +398,7 @@ def test_an_inference_actor_killed_while_its_engine_starts_is_started_again(tmp_
     try:
         factory = functools.partial(DiesOnceWhileStarting, str(tmp_path / "started-once"))
         server = InferenceServerActor.options(max_restarts=1).remote(factory, InferenceConfig())
-        _started(server, server.start.remote(), max_restarts=1)
+        _start_surviving_restarts(server, server.start.remote(), max_restarts=1)
         assert ray.get(server.generate.remote(GenerationRequest("Your move: "))).text == "\\boxed{[4]}"
     finally:
         ray.shutdown()

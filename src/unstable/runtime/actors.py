@@ -361,7 +361,7 @@ def _start_servers(
     try:
         calls = [server.start.remote() for server in servers]
         for server, call in zip(servers, calls):
-            _started(server, call, inference.max_restarts)
+            _start_surviving_restarts(server, call, inference.max_restarts)
     except ray.exceptions.RayError as exc:  # one line for the user: the engine's own first words, not Ray's trace
         cause = getattr(exc, "cause", None) or exc
         raise ConfigError(
@@ -373,7 +373,7 @@ def _start_servers(
 ENGINE_START_S = 1800.0  # the longest an inference actor may take to start, restarts included
 
 
-def _started(server, call, max_restarts: int) -> None:
+def _start_surviving_restarts(server, call, max_restarts: int) -> None:
     """Wait for `call`, the inference actor `server`'s `start`. An actor whose process died while starting (killed,
     not refused by its engine) is restarted by Ray up to `max_restarts` times: start it again (`start` is idempotent;
     a restarted actor starts itself) instead of failing the run's start."""
