@@ -134,7 +134,7 @@ def train_recipe(cfg: RunConfig) -> dict[str, Any]:
         "run_dir": summary.run_dir,
         "checkpoints": {0: first} | {k: f"{summary.run_dir}/checkpoints/ckpt-{k}" for k in kept},
         "train_games": summary.train_games,
-        "rows": [{k: row[k] for k in ROW_KEYS if k in row} for row in rows],
+        "rows": [{k: four_digits(row[k]) for k in ROW_KEYS if k in row} for row in rows],
         "seconds": time.time() - start,
     }
 
@@ -168,6 +168,11 @@ def run_seed(path: Path, seed: int, args: argparse.Namespace) -> dict[str, Any]:
             report = evaluate_at(cfg, run["checkpoints"][step], opponents[:1], args.curve_games, args.threads)
             curve.append(outcome_point(step, report, opponents[0]))
     return {**run, "game": game, "warm_start": warm, "final": final, "curve": with_cost(curve, run["rows"])}
+
+
+def four_digits(value: Any) -> Any:
+    """A row's float to 4 significant digits: the curves need no more, and the tracked results stay small."""
+    return float(f"{value:.4g}") if isinstance(value, float) else value
 
 
 def with_cost(curve: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -348,7 +353,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             recipe["summary"] = summary(recipe["seeds"])
             plot(path.stem, recipe["seeds"], args.out / f"learning-{path.stem}.png")
             results["wall_seconds"] = time.time() - start
-            (args.out / "learning.json").write_text(json.dumps(results, indent=2))
+            (args.out / "learning.json").write_text(json.dumps(results, separators=(",", ":")) + "\n")
         plot_cost(results["recipes"], args.out / "learning-cost.png")
     print(table(results))
     print(f"wall time: {results['wall_seconds']:.0f}s; results in {args.out}")
