@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import psutil
+from recorded import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "tictactoe-tiny.yaml"
@@ -232,7 +233,7 @@ def main() -> None:
     """Run each kind's killed run and unkilled reference, print the table, write the JSON."""
     args = parse_args()
     rng = random.Random(args.seed)
-    result = {"settings": vars(args), "runs": []}
+    result = {"settings": settings(args), "runs": []}
     for index, kind in enumerate(KINDS):
         kills = args.kills // len(KINDS) + (index < args.kills % len(KINDS))
         run = chaos_run(args, kind, kills, rng) | {"reference_eval_end": reference_run(args, kind)}

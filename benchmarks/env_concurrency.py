@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+from recorded import settings
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -77,7 +79,7 @@ def main() -> None:
     episode.make_env = lambda env_id: WaitingEnv(make_env(env_id), args.sleep_ms / 1000)
     rates = {n: games_per_second(n, args.seconds) for n in (1, args.games)}
     result = {
-        "settings": vars(args),
+        "settings": settings(args),
         "games_per_s": {str(n): rate for n, rate in rates.items()},
         "ratio": rates[args.games] / rates[1],
     }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs the Python packages the lent GPU machine lacks into one tarball its `carry` can take (64 MiB at most).
 # That machine has Python 3.12, torch, transformers, peft, accelerate, rich, pyyaml and psutil, but no network and
-# none of the packages below (shared/notes/gpu-probe.md).
+# none of the packages below (measured on the machine: `python3 -c "import vllm"` and the others fail).
 #
 #   benchmarks/gpu_bundle.sh [OUT] [NAME ...]    # OUT: .cache/gpu-site.tar.xz; NAMEs: PACKAGES below
 #

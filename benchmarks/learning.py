@@ -35,6 +35,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+from recorded import settings  # noqa: E402
+
 from unstable.config import ConfigError, RunConfig, load_config  # noqa: E402
 from unstable.evaluation.evaluate import evaluate, kuhn_exploitability  # noqa: E402
 from unstable.inference import InferenceConfig  # noqa: E402
@@ -340,10 +342,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.out.mkdir(parents=True, exist_ok=True)
     results = {
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
-        "settings": {
-            k: [str(p) for p in v] if k == "recipes" else str(v) if isinstance(v, Path) else v
-            for k, v in vars(args).items()
-        },
+        "settings": settings(args),
         "recipes": {},
     }
     for seed in args.seeds:  # seed by seed, so recipes compared in one run meet the same machine conditions

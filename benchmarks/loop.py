@@ -2,8 +2,8 @@
 
 Runs `unstable.runtime.train` on the tiny model for a few learner steps and reports finished games/s,
 generated tokens/s, learner seconds/step, the prefix cache's hit rate and peak memory of the whole process tree;
-then times the bare inference backend alone at the same batch size, so the loop's overhead is visible (the peer
-note in `shared/notes/ub-peer-cpu.md` measured UnstableBaselines at 178 tok/s vs 1,797 for a bare vLLM engine).
+then times the bare inference backend alone at the same batch size, so the loop's overhead is visible
+(`experiments/peer-unstablebaselines-0.2.2.md` measured UnstableBaselines at 178 tok/s vs 1,797 for bare vLLM).
 With `--routing` it instead runs the loop with 2 inference actors once per `inference.routing` (least outstanding,
 then by game) and compares the two. With `--scale` it runs the loop with 1 and 2 learners x 1 and 2 inference actors
 (4 runs, one at a time, the same steps and games in flight) and compares games/s, learner tokens/s and the balance
@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from footprint import tree_rss
+from recorded import settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -58,8 +59,8 @@ class PeakMemory:
 
 
 def loop_overrides(args, workers: int, steps: int, *mode: str) -> list[str]:
-    """This benchmark's settings over the demo config: the UnstableBaselines peer's run (ub-peer-cpu.md), then a
-    mode's own (`mode`), then the user's `--set`."""
+    """This benchmark's settings over the demo config: the UnstableBaselines peer's run
+    (experiments/peer-unstablebaselines-0.2.2.md), then a mode's own (`mode`), then the user's `--set`."""
     return [
         f"learner.num_steps={steps}",
         f"collector.num_workers={workers}",
@@ -70,7 +71,8 @@ def loop_overrides(args, workers: int, steps: int, *mode: str) -> list[str]:
         f"inference.max_new_tokens={args.max_new_tokens}",
         f"inference.max_batch_size={max(workers, 1)}",
         f"learner.batch_size={args.batch_size}",
-        # the UnstableBaselines peer's setting (ub-peer-cpu.md): the random-weight model, LoRA, mirror self-play
+        # the UnstableBaselines peer's setting (experiments/peer-unstablebaselines-0.2.2.md): the random-weight model,
+        # LoRA, mirror self-play
         "warm_start=null",
         "learner.policy.lora={lora_rank: 16, lora_alpha: 32}",
         "learner.optimizer.learning_rate=1e-4",
@@ -157,7 +159,7 @@ def run_routing(args) -> dict:
         runs[routing] = measure_loop(load_config(ROOT / "examples" / "tictactoe-tiny.yaml", overrides))
     by_game, least = runs["game"], runs["least_outstanding"]
     ratios = {k: by_game[k] / least[k] for k in ("prefix_cache_hit_rate", "tokens_per_s", "games_per_s")}
-    return {"backend": args.backend, "settings": vars(args), "runs": runs, "game_over_least_outstanding": ratios}
+    return {"backend": args.backend, "settings": settings(args), "runs": runs, "game_over_least_outstanding": ratios}
 
 
 def print_routing(result: dict) -> None:
@@ -183,7 +185,7 @@ def run_scale(args) -> dict:
             ROOT / "examples" / "tictactoe-tiny.yaml", loop_overrides(args, args.workers, args.steps, *scale)
         )
         runs[name] = {"learners": learners, "inference_actors": actors} | measure_loop(cfg)
-    return {"backend": args.backend, "settings": vars(args), "runs": runs}
+    return {"backend": args.backend, "settings": settings(args), "runs": runs}
 
 
 def print_scale(result: dict) -> None:
@@ -284,7 +286,7 @@ def main() -> None:
     few, many = (run_loop(args, n, max(args.steps // 2, 3)) for n in args.scaling)
     result = {
         "backend": args.backend,
-        "settings": vars(args),
+        "settings": settings(args),
         "loop": loop,
         "bare": bare,
         "bare_lora": bare_lora,

@@ -1,4 +1,4 @@
-"""Seed 000's "Minimal training script", verbatim (shared/seeds/000, section 3): mirror self-play on Nim.
+"""The original UnstableBaselines README's "Minimal training script", verbatim: mirror self-play on Nim.
 
 Run it from the repository root on a machine with a GPU and the hub (`python examples/seed_minimal.py`);
 `tests/test_seed_scripts.py` runs it on the tiny model with only the model name and sizes changed.

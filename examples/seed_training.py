@@ -1,5 +1,5 @@
-"""Seed 002's training script, verbatim (shared/seeds/002, "Training script"): mirror self-play on SimpleTak,
-evaluated against an API model on SimpleTak and Kuhn Poker. The seed's text lost its indentation; every
+"""The original UnstableBaselines training script, verbatim: mirror self-play on SimpleTak,
+evaluated against an API model on SimpleTak and Kuhn Poker. The script as published lost its indentation; every
 continuation line is inside brackets, so it is valid Python as written.
 
 The API opponent reads `UNSTABLE_API_BASE_URL` (default: OpenRouter) and the key from `UNSTABLE_API_KEY`.
