@@ -48,8 +48,9 @@ def _warm_and_rl(cfg) -> dict:
 
 
 def test_the_demo_recipe_is_the_one_measured_across_seeds():
-    """docs/learning.md's "Measured across seeds" of `examples/tictactoe-tiny.yaml`: benchmarks/results/recipe-cosine
-    (then: half the games mirror self-play, half against `random`; rewards z-scored per env; KL 0.1)."""
+    """docs/learning.md, "The demo's recipe": the result of `examples/tictactoe-tiny.yaml` across seeds is
+    benchmarks/results/recipe-cosine (then: half the games mirror self-play, half against `random`; rewards z-scored
+    per env; KL 0.1)."""
     cfg = load_config(ROOT / "examples" / "tictactoe-tiny.yaml")
     measured = _measured("recipe-cosine")
     assert {k: measured[k] for k in _warm_and_rl(cfg)} == _warm_and_rl(cfg)
@@ -61,7 +62,8 @@ def test_the_demo_recipe_is_the_one_measured_across_seeds():
 
 
 def test_the_benchmark_recipes_are_the_ones_measured_from_a_fresh_clone():
-    """docs/learning.md's "Measured from a fresh clone of 5192767": benchmarks/results/default-5192767."""
+    """docs/learning.md, "The learning benchmark's recipes": measured from a fresh clone of 5192767,
+    benchmarks/results/default-5192767."""
     measured = _measured("default-5192767")
     ttt = load_config(ROOT / "examples" / "tictactoe-tiny-strong.yaml")
     assert {k: measured[k] for k in _warm_and_rl(ttt)} == _warm_and_rl(ttt)
@@ -116,7 +118,7 @@ def test_a_recipe_runs_through_unstable_train_as_it_is(recipe, tiny_model_dir, t
 
 
 def test_the_vine_recipe_is_the_one_measured_beside_the_stronger_one():
-    """docs/learning.md's "Credit per move: vines": benchmarks/results/vines, both recipes run as their files are."""
+    """docs/learning.md, "Credit per move: vines": benchmarks/results/vines, both recipes run as their files are."""
     settings = _measured("vines")
     assert [Path(p).name for p in settings["recipes"]] == ["tictactoe-tiny-strong.yaml", "tictactoe-tiny-vines.yaml"]
     assert settings["set"] == []
@@ -129,8 +131,9 @@ def test_the_vine_recipe_is_the_one_measured_beside_the_stronger_one():
 
 @pytest.mark.parametrize("seed", [60, 61, 62])
 def test_the_kuhn_vine_recipe_is_the_one_measured_from_the_random_move_warm_start(seed):
-    """docs/learning.md's Kuhn Poker with vines: benchmarks/results/vines-kuhn ran kuhn-poker-tiny.yaml with `--set`
-    overrides; examples/kuhn-poker-tiny-vines.yaml holds exactly those settings."""
+    """docs/learning.md, "Credit per move: vines", Kuhn Poker from the random-move warm start: benchmarks/results/
+    vines-kuhn ran kuhn-poker-tiny.yaml with `--set` overrides; examples/kuhn-poker-tiny-vines.yaml holds exactly
+    those settings."""
     settings = _measured(f"vines-kuhn/seed-{seed}")
     assert [Path(p).name for p in settings["recipes"]] == ["kuhn-poker-tiny.yaml"]
     measured = load_config(ROOT / "examples" / "kuhn-poker-tiny.yaml", overrides=settings["set"])
@@ -141,8 +144,8 @@ def test_the_kuhn_vine_recipe_is_the_one_measured_from_the_random_move_warm_star
 
 @pytest.mark.parametrize("seed", [60, 61, 62])
 def test_the_kuhn_vine_recipe_is_the_one_measured_from_the_equilibrium_warm_start(seed):
-    """docs/learning.md's Kuhn Poker with vines from the equilibrium warm start: benchmarks/results/vines-kuhn/
-    nash-warm-start ran examples/kuhn-poker-tiny-vines.yaml with only the warm start's agents changed."""
+    """docs/learning.md, "Credit per move: vines", Kuhn Poker from the equilibrium warm start: benchmarks/results/
+    vines-kuhn/nash-warm-start ran examples/kuhn-poker-tiny-vines.yaml with only the warm start's agents changed."""
     settings = _measured(f"vines-kuhn/nash-warm-start/seed-{seed}")
     assert [Path(p).name for p in settings["recipes"]] == ["kuhn-poker-tiny-vines.yaml"]
     measured = load_config(ROOT / "examples" / "kuhn-poker-tiny-vines.yaml", overrides=settings["set"])
