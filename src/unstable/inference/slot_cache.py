@@ -9,9 +9,9 @@ The decode step is this module's own pass over the model's layers (`decode_forwa
 `SUPPORTED_MODEL_TYPES`; the prefill stays the model's own forward). It reads the first `Lb` columns of the first `Bb`
 slots, `Bb` and `Lb` the batch and length buckets at or above the batch's rows and its longest context, each row
 attending to its own columns through a mask. On a GPU the step for each (Bb, Lb) is captured once as a CUDA graph and
-replayed: one launch instead of ~1,600 kernel launches whose CPU time bound the step (docs/hardware.md). With
-`compile` the pass is compiled by `torch.compile` first (fused elementwise kernels: fewer, shorter kernels in each
-graph). On the CPU the same pass runs eagerly on the exact batch.
+replayed: one launch instead of ~1,600 kernel launches whose CPU time bound the step (experiments/log.md, the H100
+entry). With `compile` the pass is compiled by `torch.compile` first (fused elementwise kernels: fewer, shorter
+kernels in each graph). On the CPU the same pass runs eagerly on the exact batch.
 """
 
 from __future__ import annotations
