@@ -258,7 +258,13 @@ class CollectorActor(Collector):
         return self._servers
 
 
-@ray.remote(**SHELL, max_concurrency=MAX_GAMES_IN_FLIGHT + CONTROL_CALLS)
+# the threads of an inference actor created without `max_concurrency` (a run sizes it to its games in flight): Ray
+# starts them all at the actor's first call and kills the actor when that takes over 10 s, which 4,112 threads did
+# on a loaded 2-core machine
+DEFAULT_REQUESTS_IN_FLIGHT = 64
+
+
+@ray.remote(**SHELL, max_concurrency=DEFAULT_REQUESTS_IN_FLIGHT + CONTROL_CALLS)
 class InferenceServerActor(InferenceServer):
     """An inference server Ray restarts (up to `InferenceConfig.max_restarts` times) when its process dies.
 
