@@ -11,6 +11,7 @@ from unstable.agents.policy import PolicyAgent
 from unstable.agents.scripted import RandomAgent
 from unstable.algorithms import Reinforce
 from unstable.buffer import StepBuffer
+from unstable.buffer.config import BufferConfig
 from unstable.games import get_template, play_episode
 from unstable.inference import InferenceConfig, InferenceServer, SamplingConfig
 from unstable.inference.transformers_backend import TransformersBackend
@@ -18,7 +19,6 @@ from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyConfig, P
 from unstable.learner.config import nest_flat_fields
 from unstable.pool import ModelPool
 from unstable.records import Checkpoint, EnvSpec, GenerationRequest
-from unstable.rewards import WinDrawLossFormatter
 from unstable.runtime.loop import LearnerLoop
 from unstable.tracking import Tracker, keys
 
@@ -95,7 +95,7 @@ def test_learner_update_changes_the_adapter_and_the_engine_hot_swaps_it(tiny_mod
     server.start()
     pool = ModelPool()
     base = pool.add_checkpoint(None, -1)
-    buffer = StepBuffer(64, final_reward_transformation=WinDrawLossFormatter())
+    buffer = StepBuffer(BufferConfig(max_buffer_size=64))
     template = get_template("qwen3-zs")
     for seed in range(6):
         agents = {0: PolicyAgent(server, base, template), 1: RandomAgent(seed)}
@@ -183,7 +183,7 @@ def _greedy_server_with_games(model_dir: str) -> tuple[ModelPool, Checkpoint, In
     backend = TransformersBackend(model_dir, SamplingConfig(max_new_tokens=6, temperature=0.0))
     server = InferenceServer(lambda: backend, InferenceConfig(batch_wait_ms=0))
     server.start()
-    buffer = StepBuffer(32, final_reward_transformation=WinDrawLossFormatter())
+    buffer = StepBuffer(BufferConfig(max_buffer_size=32))
     for seed in range(3):
         agents = {0: PolicyAgent(server, base, get_template("qwen3-zs")), 1: RandomAgent(seed)}
         buffer.add_game(play_episode(TICTACTOE, agents, seed, learner_player_ids=(0,)))

@@ -14,9 +14,9 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Tracker": ("unstable.runtime.actors", "TrackerActor"),
-    "StepBuffer": ("unstable.runtime.actors", "StepBufferActor"),
-    "ModelPool": ("unstable.runtime.actors", "ModelPoolActor"),
+    "Tracker": ("unstable.runtime.original_api", "Tracker"),
+    "StepBuffer": ("unstable.runtime.original_api", "StepBuffer"),
+    "ModelPool": ("unstable.runtime.original_api", "ModelPool"),
     "Collector": ("unstable.runtime.actors", "CollectorActor"),
     "StandardLearner": ("unstable.runtime.actors", "LearnerActor"),
     "Learner": ("unstable.learner", "Learner"),

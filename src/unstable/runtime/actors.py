@@ -29,7 +29,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from unstable.algorithms.base import BaseAlgo
 from unstable.buffer import StepBuffer
-from unstable.buffer.config import BufferConfig
+from unstable.buffer.config import BufferConfig, RewardStages
 from unstable.collector import Collector
 from unstable.collector.config import MAX_GAMES_IN_FLIGHT, CollectorConfig
 from unstable.config import ConfigError
@@ -43,7 +43,7 @@ from unstable.pool import ModelPool
 from unstable.pool.config import PoolConfig
 from unstable.runtime.loop import LearnerLoop
 from unstable.runtime.remote import RemoteProxy
-from unstable.tracking import Tracker, TrackerConfig, new_run_dir
+from unstable.tracking import Tracker, TrackerConfig
 from unstable.tracking.sinks import make_sinks
 
 log = logging.getLogger(__name__)
@@ -101,59 +101,31 @@ def _register_source(tracker) -> None:
 
 @ray.remote(**SHELL)
 class TrackerActor(Tracker):
-    """The original API's `Tracker(run_name, wandb_project)`: a run directory `runs_dir/run_name` (the next free
-    `-2`, `-3`, ... when taken) or `run_dir` as given. The YAML path passes its `cfg` (a TrackerConfig);
-    the original API's keywords make one: W&B only with `wandb_project` (in `wandb_mode`, default 'auto')."""
+    """The Tracker of the run directory `run_dir` under `cfg`, its W&B run (if any) named `run_name`."""
 
-    def __init__(
-        self,
-        run_name: str = "run",
-        wandb_project: str | None = None,
-        *,
-        run_dir: str | None = None,
-        runs_dir: str = "runs",
-        wandb_mode: str | None = None,
-        cfg: TrackerConfig | None = None,
-    ):
-        directory = Path(run_dir) if run_dir else new_run_dir(Path(runs_dir) / run_name)
-        if cfg is None:
-            wandb = {"wandb": wandb_mode or "auto", "wandb_project": wandb_project}
-            cfg = TrackerConfig(**(wandb if wandb_project else {"wandb": "disabled"}))
+    def __init__(self, cfg: TrackerConfig, run_dir: str, run_name: str):
+        directory = Path(run_dir)
         super().__init__(directory, make_sinks(cfg, directory, run_name), cfg)
         log_to_run_dir(directory, "tracker")
 
 
 @ray.remote(**SHELL)
 class StepBufferActor(StepBuffer):
-    """The original API's `StepBuffer(max_buffer_size, tracker, final/step/sampling_reward_transformation)`."""
+    """The StepBuffer under `cfg`, its reward stages built from `cfg` unless given built (`stages`); `tracker` (an
+    actor handle, or None) reads its metrics into every row."""
 
-    def __init__(
-        self,
-        max_buffer_size: int = BufferConfig.model_fields["max_buffer_size"].default,
-        tracker=None,
-        final_reward_transformation=None,
-        step_reward_transformation=None,
-        sampling_reward_transformation=None,
-        seed: int = 0,
-    ):
-        super().__init__(
-            max_buffer_size,
-            final_reward_transformation=final_reward_transformation,
-            step_reward_transformation=step_reward_transformation,
-            sampling_reward_transformation=sampling_reward_transformation,
-            seed=seed,
-        )
+    def __init__(self, cfg: BufferConfig, tracker=None, *, stages: RewardStages | None = None, seed: int = 0):
+        super().__init__(cfg, stages=stages, seed=seed)
         _register_source(tracker)
         _log_with(tracker, "step_buffer")
 
 
 @ray.remote(**SHELL)
 class ModelPoolActor(ModelPool):
-    """The original API's `ModelPool(sample_mode=..., max_active_lora=..., tracker=...)`: every `PoolConfig` field by
-    keyword (its defaults when left out)."""
+    """The ModelPool under `cfg`; `tracker` (an actor handle, or None) reads its metrics into every row."""
 
-    def __init__(self, tracker=None, seed: int = 0, **settings):
-        super().__init__(PoolConfig(**settings), seed=seed)
+    def __init__(self, cfg: PoolConfig, tracker=None, *, seed: int = 0):
+        super().__init__(cfg, seed=seed)
         _register_source(tracker)
         _log_with(tracker, "model_pool")
 

@@ -101,14 +101,10 @@ def build_topology(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> Topol
     learner_placement = _learner_placement(cfg, driver_node)  # refused before any actor starts
     here = on_node(driver_node)
     tracker = TrackerActor.options(name="Tracker", scheduling_strategy=here).remote(
-        cfg.run.name, run_dir=str(run_dir.resolve()), cfg=cfg.tracker
+        cfg.tracker, str(run_dir.resolve()), cfg.run.name
     )
-    buffer = StepBufferActor.options(name="StepBuffer", scheduling_strategy=here).remote(
-        cfg.buffer.max_buffer_size, tracker, **cfg.buffer.transform_stages(), seed=seed
-    )
-    pool = ModelPoolActor.options(name="ModelPool", scheduling_strategy=here).remote(
-        tracker=tracker, seed=seed, **cfg.pool.model_dump()
-    )
+    buffer = StepBufferActor.options(name="StepBuffer", scheduling_strategy=here).remote(cfg.buffer, tracker, seed=seed)
+    pool = ModelPoolActor.options(name="ModelPool", scheduling_strategy=here).remote(cfg.pool, tracker, seed=seed)
     ray.get(pool.add_checkpoint.remote(path=cfg.learner.policy.initial_lora_path, iteration=-1))
     collector = CollectorActor.options(name="Collector", scheduling_strategy=here).remote(
         step_buffer=buffer,
