@@ -380,7 +380,8 @@ def test_an_inference_actor_killed_while_its_engine_starts_is_started_again(tmp_
     import ray
 
     from unstable.inference import InferenceConfig
-    from unstable.runtime.actors import InferenceServerActor, _start_surviving_restarts
+    from unstable.runtime.actors import InferenceServerActor
+    from unstable.runtime.topology import _start_surviving_restarts
 
     class DiesOnceWhileStarting:
         """A backend whose first build kills its process (as `kill -9` of an inference actor starting its engine

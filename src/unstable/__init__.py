@@ -17,7 +17,7 @@ _EXPORTS = {
     "Tracker": ("unstable.runtime.original_api", "Tracker"),
     "StepBuffer": ("unstable.runtime.original_api", "StepBuffer"),
     "ModelPool": ("unstable.runtime.original_api", "ModelPool"),
-    "Collector": ("unstable.runtime.actors", "CollectorActor"),
+    "Collector": ("unstable.runtime.original_api", "Collector"),
     "StandardLearner": ("unstable.runtime.actors", "LearnerActor"),
     "Learner": ("unstable.learner", "Learner"),
     "PolicyModel": ("unstable.learner", "PolicyModel"),

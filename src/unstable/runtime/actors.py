@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import logging
 import os
 import secrets
 import threading
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,6 @@ from unstable.buffer import StepBuffer
 from unstable.buffer.config import BufferConfig, RewardStages
 from unstable.collector import Collector
 from unstable.collector.config import MAX_GAMES_IN_FLIGHT, CollectorConfig
-from unstable.config import ConfigError
 from unstable.config.schema import check_model_path
 from unstable.inference import InferenceClient, InferenceConfig, InferenceServer
 from unstable.inference.checkpoints import CheckpointCache, CheckpointFiles
@@ -130,104 +128,63 @@ class ModelPoolActor(ModelPool):
         _log_with(tracker, "model_pool")
 
 
-def inference_from_vllm_config(vllm_config: dict[str, Any]) -> tuple[str, InferenceConfig]:
-    """The original API's `vllm_config` as (model path, InferenceConfig): vLLM when it is installed, else the embedded
-    transformers backend (said in a log line). Keys: model_name, max_parallel_seq, max_tokens, max_loras,
-    lora_config, max_model_len, and optionally any InferenceConfig field."""
-    settings = dict(vllm_config)
-    model = settings.pop("model_name")
-    renamed = {"max_parallel_seq": "max_batch_size", "max_tokens": "max_new_tokens"}
-    settings = {renamed.get(k, k): v for k, v in settings.items() if k != "lora_config"}
-    if "backend" not in settings:
-        has_vllm = importlib.util.find_spec("vllm") is not None
-        settings["backend"] = "vllm" if has_vllm else "transformers"
-        why = "vLLM is installed" if has_vllm else "vLLM is not installed: the embedded transformers backend serves"
-        log.warning("inference backend: %s (%s)", settings["backend"], why)
-    if "num_gpus" not in settings:
-        settings["num_gpus"] = 1.0 if ray.cluster_resources().get("GPU", 0) else 0.0
-    return model, InferenceConfig(**settings)
-
-
 @ray.remote(**SHELL, max_concurrency=CONTROL_CALLS)
 class CheckpointSource(CheckpointFiles):
     """The checkpoint directories of its node's disk (where the learner writes them), in chunks, for inference actors
     on other nodes; the chunks reach them through Ray's object store."""
 
 
+@dataclass(frozen=True)
+class InferenceGroup:
+    """A run's started inference server actors (`topology.start_inference_group`), serving the base model at
+    `model_path` under `cfg`: the collector sends its games' requests to them (`client`), the learner hands them each
+    new policy."""
+
+    servers: list
+    cfg: InferenceConfig
+    model_path: str
+
+    def client(self) -> InferenceClient:
+        """A client that routes requests over the servers by `cfg.routing`, those of an actor that died to the
+        others (`_actor_gone`)."""
+        proxies = [RemoteProxy(server) for server in self.servers]
+        return InferenceClient(proxies, by_game=self.cfg.routing == "game", unavailable=_actor_gone)
+
+
 @ray.remote(**SHELL, max_concurrency=8)
 class CollectorActor(Collector):
-    """The original API's `Collector(num_actors, step_buffer, model_pool, tracker, vllm_config, training_envs,
-    evaluation_envs, evaluation_opponent)`: it starts `num_actors` inference servers itself.
+    """The Collector under `cfg`, its games' moves asked of the inference group `inference`.
 
-    The YAML path passes `model_path`, `inference` (an InferenceConfig) and `lora_rank` (the largest adapter rank
-    served, `RunConfig.served_lora_rank`) instead of `vllm_config` (whose `lora_config` holds the rank). Any other
-    `CollectorConfig` field (max_turns, group_size, evaluation_opponents, ...) by keyword; envs as `(env_id,
-    players, template)`; the original API's one `evaluation_opponent` is the list of that opponent. Finished games go to
-    the buffer, the pool and the tracker without waiting for an answer; per game the collector waits only for its
-    opponents (`ModelPool.sample_match`). A resumed run passes the learner step it resumed from as `resume_step`:
-    its games and inference actors then draw seeds that no earlier session of the run used. `checkpoint_node` is
-    the Ray node whose disk holds the checkpoints (None: every inference actor's node sees their paths).
+    Finished games go to the buffer, the pool and the tracker without waiting for an answer; per game the collector
+    waits only for its opponents (`ModelPool.sample_match`). A resumed run passes the learner step it resumed from as
+    `resume_step`: its games then draw seeds that no earlier session of the run used.
     """
 
     def __init__(
         self,
-        num_actors: int | None = None,
-        step_buffer=None,
-        model_pool=None,
-        tracker=None,
-        vllm_config: dict[str, Any] | None = None,
+        cfg: CollectorConfig,
+        inference: InferenceGroup,
+        step_buffer,
+        model_pool,
+        tracker,
         *,
-        evaluation_opponent: str | None = None,
-        model_path: str | None = None,
-        inference: InferenceConfig | None = None,
-        dtype: str = "float32",
         seed: int = 0,
         resume_step: int = 0,
-        lora_rank: int | None = None,
-        checkpoint_node: str | None = None,
-        **settings,
     ):
         _log_with(tracker, "collector")
-        if vllm_config is not None:
-            model_path, inference = inference_from_vllm_config(vllm_config)
-            lora_rank = (vllm_config.get("lora_config") or {}).get("lora_rank")
-        if model_path is None or inference is None:
-            raise ValueError("Collector needs vllm_config (or model_path and inference)")
-        if num_actors is not None:
-            inference = inference.model_copy(update={"num_actors": num_actors})
-        if evaluation_opponent is not None:
-            settings["evaluation_opponents"] = [evaluation_opponent]
-        cfg = CollectorConfig(**settings)
-        # the original API names its games in flight later, in `collect(num_workers)`: any number up to the bound
-        games = MAX_GAMES_IN_FLIGHT if vllm_config is not None else cfg.requests_in_flight()
-        self._start_error: str | None = None
-        try:
-            servers = _start_servers(model_path, inference, dtype, seed, resume_step, lora_rank, games, checkpoint_node)
-        except ConfigError as exc:  # said by `inference_servers`, the driver's first call, as one line
-            self._start_error = str(exc)
-            return
-        self._servers = servers
-        proxies = [RemoteProxy(server) for server in servers]
-        client = InferenceClient(proxies, by_game=inference.routing == "game", unavailable=_actor_gone)
+        client = inference.client()
         super().__init__(
             client,
             RemoteProxy(model_pool, fire_and_forget={"record_game", "hold", "release"}),
             RemoteProxy(step_buffer, fire_and_forget={"add_game"}),
             RemoteProxy(tracker, fire_and_forget={"add_game"}),
             cfg,
-            tokenizer=_chat_tokenizer(cfg, model_path),
+            tokenizer=_chat_tokenizer(cfg, inference.model_path),
             seed=seed,
             resume_step=resume_step,
         )
         ray.get(tracker.add_source.remote(client))
         _register_source(tracker)  # the games held back by pacing
-
-    def inference_servers(self) -> list:
-        """The inference server actors this collector started (the learner hands them new weights); raises the
-        ConfigError of an engine that did not start (the collector is then not started either)."""
-        if self._start_error is not None:
-            raise ConfigError(self._start_error)
-        return self._servers
 
 
 @ray.remote(**SHELL, max_concurrency=MAX_GAMES_IN_FLIGHT + CONTROL_CALLS)
@@ -235,10 +192,10 @@ class InferenceServerActor(InferenceServer):
     """An inference server Ray restarts (up to `InferenceConfig.max_restarts` times) when its process dies.
 
     `backend_factory(seed=...)` builds its engine, sampling from the stream `seed` names (one per actor, see
-    `_start_servers`). A restarted one loads its engine again at once, with `seed` mixed with a fresh restart nonce
-    so it does not replay the stream its dead process began. Meanwhile the collector's `InferenceClient` sends its
-    requests to the other actors (`_actor_gone`); with none, the games waiting on it fail (counted in
-    `collector/failed_games` and by cause) and the collector starts new games in their place.
+    `topology.start_inference_group`). A restarted one loads its engine again at once, with `seed` mixed with a
+    fresh restart nonce so it does not replay the stream its dead process began. Meanwhile the collector's
+    `InferenceClient` sends its requests to the other actors (`_actor_gone`); with none, the games waiting on it fail
+    (counted in `collector/failed_games` and by cause) and the collector starts new games in their place.
 
     An actor on another node than `checkpoint_node` (the node whose disk holds the checkpoints; None: every node
     sees them) loads every checkpoint from a node-local cache, fetched from `source` (a `CheckpointSource` there).
@@ -250,7 +207,7 @@ class InferenceServerActor(InferenceServer):
         restarted = ray.get_runtime_context().was_current_actor_reconstructed
         if restarted:
             nonce = secrets.randbits(32)
-            seed = _mixed_seed(seed, nonce)
+            seed = mixed_seed(seed, nonce)
             log.warning(
                 "inference server restarted after its process died: loading the engine again, sampling seed %d "
                 "(restart nonce %d)",
@@ -283,91 +240,11 @@ def _checkpoint_cache(cfg: InferenceConfig, checkpoint_node: str | None, source)
     return cache
 
 
-def _mixed_seed(*parts: int) -> int:
-    """A 32-bit seed hashed from `parts` (vLLM also seeds numpy with it, which takes 32 bits)."""
+def mixed_seed(*parts: int) -> int:
+    """A 32-bit seed hashed from `parts` (vLLM also seeds numpy with it, which takes 32 bits): an inference actor's
+    own sampling stream."""
     digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=4).digest()
     return int.from_bytes(digest, "little")
-
-
-def _start_servers(
-    model_path: str,
-    inference: InferenceConfig,
-    dtype: str,
-    seed: int,
-    resume_step: int = 0,
-    lora_rank: int | None = None,
-    requests_in_flight: int = MAX_GAMES_IN_FLIGHT,
-    checkpoint_node: str | None = None,
-) -> list:
-    """`inference.num_actors` started inference server actors, serving adapters up to `lora_rank`, each sampling
-    with its own seed, mixed from the run's `seed`, its index and `resume_step` (0 for a fresh run): no two actors,
-    nor two sessions of a resumed run, share a stream. The seeds are logged. Each actor gets a Ray thread per
-    request the collector may have in flight (`CollectorConfig.requests_in_flight`, vines included) and
-    `CONTROL_CALLS` more: Ray makes every thread of a threaded actor, and over a long run each one is used and its
-    stack touched (4,096 threads grew the soak's inference actor by ~0.1 MB per learner step). Each actor needs
-    `inference.resources` besides its GPUs; one placed on another node than `checkpoint_node` gets the checkpoints
-    from a `CheckpointSource` started there."""
-    from unstable.inference import make_backend
-
-    needed, have = inference.num_gpus * inference.num_actors, ray.cluster_resources().get("GPU", 0.0)
-    if needed > have:
-        raise ValueError(
-            f"{inference.num_actors} inference actors with {inference.num_gpus} GPU each need {needed} GPUs; "
-            f"the Ray cluster has {have}"
-        )
-    factory = functools.partial(make_backend, model_path, inference, dtype=dtype, lora_rank=lora_rank)
-    seeds = [_mixed_seed(seed, index, resume_step) for index in range(inference.num_actors)]
-    log.warning("inference actors sample with seeds %s (run seed %d, resume step %d)", seeds, seed, resume_step)
-    source = None
-    if checkpoint_node is not None:
-        source = CheckpointSource.options(scheduling_strategy=on_node(checkpoint_node)).remote()
-    servers = [
-        InferenceServerActor.options(
-            num_gpus=inference.num_gpus,
-            resources=inference.resources,
-            max_restarts=inference.max_restarts,
-            max_concurrency=requests_in_flight + CONTROL_CALLS,
-        ).remote(factory, inference, actor_seed, checkpoint_node, source)
-        for actor_seed in seeds
-    ]
-    try:
-        calls = [server.start.remote() for server in servers]
-        for server, call in zip(servers, calls):
-            _start_surviving_restarts(server, call, inference.max_restarts)
-    except ray.exceptions.RayError as exc:  # one line for the user: the engine's own first words, not Ray's trace
-        cause = getattr(exc, "cause", None) or exc
-        raise ConfigError(
-            f"inference.backend = {inference.backend}: the inference engine did not start: {_first_line(cause)}"
-        ) from exc
-    return servers
-
-
-ENGINE_START_S = 1800.0  # the longest an inference actor may take to start, restarts included
-
-
-def _start_surviving_restarts(server, call, max_restarts: int) -> None:
-    """Wait for `call`, the inference actor `server`'s `start`. An actor whose process died while starting (killed,
-    not refused by its engine) is restarted by Ray up to `max_restarts` times: start it again (`start` is idempotent;
-    a restarted actor starts itself) instead of failing the run's start."""
-    deaths, deadline = 0, time.monotonic() + ENGINE_START_S
-    while True:
-        try:
-            return ray.get(call)
-        except ray.exceptions.ActorUnavailableError:  # restarting now: ask again in a moment
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1.0)
-        except ray.exceptions.RayActorError:  # its process died
-            deaths += 1
-            if deaths > max_restarts:
-                raise
-        call = server.start.remote()
-
-
-def _first_line(exc: BaseException) -> str:
-    """`exc`'s type and the first line of its message."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 def _chat_tokenizer(cfg: CollectorConfig, model_path: str):

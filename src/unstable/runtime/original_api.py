@@ -9,14 +9,23 @@ builder (`runtime.topology`) starts with its config's section; this is the one p
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import ray
+
 from unstable.buffer.config import BufferConfig, RewardStages
+from unstable.collector.config import CollectorConfig
+from unstable.inference.config import InferenceConfig
 from unstable.pool.config import PoolConfig
-from unstable.runtime.actors import ModelPoolActor, StepBufferActor, TrackerActor
+from unstable.runtime.actors import CollectorActor, ModelPoolActor, StepBufferActor, TrackerActor
+from unstable.runtime.topology import start_inference_group
 from unstable.tracking import TrackerConfig, new_run_dir
+
+log = logging.getLogger(__name__)
 
 
 class OriginalActor:
@@ -71,6 +80,58 @@ def _model_pool(ray_options: dict[str, Any], tracker=None, **settings: Any) -> A
     return ModelPoolActor.options(**ray_options).remote(PoolConfig(**settings), tracker)
 
 
+def _collector(
+    ray_options: dict[str, Any],
+    num_actors: int | None = None,
+    step_buffer=None,
+    model_pool=None,
+    tracker=None,
+    vllm_config: dict[str, Any] | None = None,
+    *,
+    evaluation_opponent: str | None = None,
+    **settings: Any,
+) -> Any:
+    """The original API's `Collector(num_actors, step_buffer, model_pool, tracker, vllm_config, training_envs,
+    evaluation_envs, evaluation_opponent)`: the `num_actors` inference servers of `vllm_config` are started first
+    (`topology.start_inference_group`, as the YAML path's builder starts its own), then the collector with them. Any
+    other `CollectorConfig` field by keyword; envs as `(env_id, players, template)`; the one `evaluation_opponent` is
+    the list of that opponent. An engine that does not start raises its ConfigError here, in the script."""
+    if vllm_config is None:
+        raise ValueError("Collector needs vllm_config")
+    if evaluation_opponent is not None:
+        settings["evaluation_opponents"] = [evaluation_opponent]
+    cfg = CollectorConfig(**settings)
+    model_path, inference = inference_from_vllm_config(vllm_config, num_actors)
+    lora_rank = (vllm_config.get("lora_config") or {}).get("lora_rank")
+    # the original API names its games in flight later, in `collect(num_workers)`: any number up to the bound
+    group = start_inference_group(inference, model_path, lora_rank=lora_rank)
+    return CollectorActor.options(**ray_options).remote(cfg, group, step_buffer, model_pool, tracker)
+
+
+def inference_from_vllm_config(
+    vllm_config: dict[str, Any], num_actors: int | None = None
+) -> tuple[str, InferenceConfig]:
+    """The original API's `vllm_config` (and the Collector's `num_actors`, when given) as (model path,
+    InferenceConfig): vLLM when it is installed, else the embedded transformers backend (said in a log line); a GPU
+    per actor when the Ray cluster has GPUs. Keys: model_name, max_parallel_seq, max_tokens, max_loras, lora_config,
+    max_model_len, and optionally any InferenceConfig field."""
+    settings = dict(vllm_config)
+    model = settings.pop("model_name")
+    renamed = {"max_parallel_seq": "max_batch_size", "max_tokens": "max_new_tokens"}
+    settings = {renamed.get(k, k): v for k, v in settings.items() if k != "lora_config"}
+    if num_actors is not None:
+        settings["num_actors"] = num_actors
+    if "backend" not in settings:
+        has_vllm = importlib.util.find_spec("vllm") is not None
+        settings["backend"] = "vllm" if has_vllm else "transformers"
+        why = "vLLM is installed" if has_vllm else "vLLM is not installed: the embedded transformers backend serves"
+        log.warning("inference backend: %s (%s)", settings["backend"], why)
+    if "num_gpus" not in settings:
+        settings["num_gpus"] = 1.0 if ray.cluster_resources().get("GPU", 0) else 0.0
+    return model, InferenceConfig(**settings)
+
+
 Tracker = OriginalActor(_tracker)
 StepBuffer = OriginalActor(_step_buffer)
 ModelPool = OriginalActor(_model_pool)
+Collector = OriginalActor(_collector)
