@@ -321,7 +321,7 @@ def test_the_learner_scores_steps_under_the_distribution_they_were_sampled_from(
 def test_a_learner_built_from_the_seed_keywords_scores_steps_at_their_sampling_temperature(tiny_model_dir):
     """The seed API's learner has no temperature of its own to disagree with the Collector's `vllm_config`: steps
     sampled at temperature 0.7 say so, and it scores them at 0.7 (its first update is on-policy)."""
-    from unstable.runtime.actors import learner_config_from_original_api
+    from unstable.runtime.original_api import learner_config_from_original_api
 
     backend = TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=8, temperature=0.7))
     agent = PolicyAgent(OneAtATime(backend), Checkpoint("ckpt--1"), get_template("qwen3-zs"))

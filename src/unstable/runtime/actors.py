@@ -1,11 +1,10 @@
-"""The Ray actors: thin shells around the plain components, with the original API's constructor keywords.
+"""The Ray actors: thin shells around the plain components, each taking its component's settings section whole.
 
-This is the one place where the components become Ray actors and where the original API's keyword arguments are mapped
-onto each component's settings. Both front ends use these shells: original-API scripts (`unstable.Tracker.options(
-name="Tracker").remote(run_name=..., wandb_project=...)`, ...) and `runtime.topology.build_topology`, which the
-YAML/CLI path calls. Each shell subclasses its plain class, so every method of the component is an actor method;
-other actors' handles are wrapped in `RemoteProxy` so the plain code calls them like local objects. Shells reserve
-no Ray CPU (their work is waiting or is placed by GPUs), so a whole run fits on a 2-CPU machine.
+This is the one place where the components become Ray actors. `runtime.topology` starts them, as peers, for both
+front ends: the YAML/CLI path (`build_topology`) and the original API (`runtime.original_api`, which translates its
+keywords into the same sections). Each shell subclasses its plain class, so every method of the component is an
+actor method; other actors' handles are wrapped in `RemoteProxy` so the plain code calls them like local objects.
+Shells reserve no Ray CPU (their work is waiting or is placed by GPUs), so a whole run fits on a 2-CPU machine.
 
 Across nodes: the actors that write the run directory run on the driver's node (`runtime.topology`); an inference
 actor on another node gets the checkpoints written there through Ray's object store (`CheckpointSource`).
@@ -34,8 +33,8 @@ from unstable.collector.config import MAX_GAMES_IN_FLIGHT, CollectorConfig
 from unstable.config.schema import check_model_path
 from unstable.inference import InferenceClient, InferenceConfig, InferenceServer
 from unstable.inference.checkpoints import CheckpointCache, CheckpointFiles
-from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
-from unstable.learner.config import nest_flat_fields
+from unstable.learner import Learner, LearnerConfig, PolicyModel
+from unstable.learner.learner import learner_parts
 from unstable.learner.parallel import DataParallel, free_port
 from unstable.pool import ModelPool
 from unstable.pool.config import PoolConfig
@@ -256,77 +255,40 @@ def _chat_tokenizer(cfg: CollectorConfig, model_path: str):
     return AutoTokenizer.from_pretrained(model_path)
 
 
-def learner_config_from_original_api(
-    lora_cfg: dict[str, Any] | None = None,
-    full_finetune: bool = False,
-    activation_checkpointing: bool = False,
-    **settings,
-) -> LearnerConfig:
-    """The original API's StandardLearner keywords as a LearnerConfig: `lora_cfg` is `policy.lora`, `full_finetune`
-    is `policy.lora: null`, `activation_checkpointing` is `policy.gradient_checkpointing` (one switch in
-    transformers); every other keyword (batch_size, mini_batch_size, learning_rate, grad_clip, max_train_len, ...)
-    is the field of its name in LearnerConfig or in its `policy` or `optimizer` part. A keyword left out takes the
-    default, as a field left out of `learner:` does."""
-    if full_finetune:
-        settings["lora"] = None
-    elif lora_cfg is not None:
-        settings["lora"] = LoraConfig(**lora_cfg)
-    if activation_checkpointing:
-        settings["gradient_checkpointing"] = True
-    return LearnerConfig(**nest_flat_fields(settings))  # its policy's and optimizer's fields go to their sections
-
-
 @ray.remote(**SHELL)
 class LearnerActor(LearnerLoop):
-    """The original API's `StandardLearner(model_name, step_buffer, model_pool, tracker, algorithm, batch_size, ...)`.
+    """The learner loop under `cfg`, training the base model at `model_path` (weights in `dtype`) with `algorithm`:
+    rank 0 of the learner group (`topology.start_learner_group`).
 
-    `max_generation_len` becomes the algorithm's (Dr. GRPO's constant) when the algorithm has none. The YAML
-    path passes a whole `cfg` instead of the original API's keywords. Checkpoints go under the tracker's run directory.
-    The model trains on cuda when Ray gave this actor a GPU and torch sees one. It has no sampling settings of its
-    own: each step is scored under the temperature and top_p it was sampled with (the Collector's `vllm_config`).
-    With `num_learners` > 1 it is rank 0 of that many data-parallel learners: it starts the other ranks' actors
-    (`LearnerRankActor`, each with `num_gpus`) and joins them in one process group at its node's address. Given
-    `inference_servers` (the YAML path's) and `cfg.weight_handover` 'memory', it hands each new policy to them through
-    Ray's object store (`hand_over`); else they load each checkpoint's folder.
+    Checkpoints go under the tracker's run directory. The model trains on cuda when `cfg.num_gpus` says so, or when
+    Ray gave this actor GPUs that torch sees (`_on_given_gpus`). It has no sampling settings of its own: each step is
+    scored under the temperature and top_p it was sampled with. Given the other ranks' actors (`ranks`, in rank
+    order: `LearnerRankActor`s) it joins them in one process group at its node's address and calls them with its
+    own learner (`RankZeroLearner`). Given `inference_servers` and `cfg.weight_handover` 'memory', it hands each
+    new policy to them through Ray's object store (`hand_over`); else they load each checkpoint's folder.
     """
 
     def __init__(
         self,
-        model_name: str,
+        cfg: LearnerConfig,
+        model_path: str,
         step_buffer,
         model_pool,
         tracker,
-        algorithm: BaseAlgo | None = None,
+        algorithm: BaseAlgo,
         *,
-        cfg: LearnerConfig | None = None,
-        max_generation_len: int | None = None,
         dtype: str = "float32",
         inference_servers: list | None = None,
-        **original_kwargs,
+        ranks: list | None = None,
     ):
-        import torch
-
-        from unstable.algorithms import Reinforce
-
-        cfg = cfg or learner_config_from_original_api(**original_kwargs)
-        if ray.get_gpu_ids() and torch.cuda.is_available() and not cfg.num_gpus:
-            cfg = cfg.model_copy(update={"num_gpus": float(len(ray.get_gpu_ids()))})
-        algorithm = algorithm or Reinforce()
-        if max_generation_len is not None and getattr(algorithm, "max_generation_len", 0) is None:
-            algorithm.max_generation_len = max_generation_len
-        policy = PolicyModel(model_name, cfg.policy, dtype=dtype, device=cfg.device, num_threads=cfg.num_threads)
+        cfg = _on_given_gpus(cfg)
+        policy, parallel = learner_parts(model_path, cfg, dtype=dtype)
         run_dir = ray.get(tracker.get_run_dir.remote())
         log_to_run_dir(run_dir, "learner")
-        if cfg.num_learners > 1:
-            ranks = [
-                LearnerRankActor.options(**rank_options(rank, cfg.num_gpus)).remote(
-                    model_name, algorithm, cfg, rank, run_dir, dtype
-                )
-                for rank in range(1, cfg.num_learners)
-            ]
-            learner = RankZeroLearner(policy, algorithm, cfg, ranks)
+        if ranks:
+            learner = RankZeroLearner(policy, algorithm, cfg, parallel, ranks)
         else:
-            learner = Learner(policy, algorithm, cfg)
+            learner = Learner(policy, algorithm, cfg, parallel)
         in_memory = inference_servers and cfg.weight_handover == "memory"
         super().__init__(
             learner,
@@ -359,19 +321,15 @@ def hand_over(servers: list, checkpoint, served) -> bool:
         return False
 
 
-def rank_options(rank: int, num_gpus: float) -> dict[str, Any]:
-    """Ray options of data-parallel learner `rank` (> 0), called in rank 0's actor: its bundle of rank 0's placement
-    group when rank 0 runs in one (learners with GPUs, `topology._learner_placement`), else anywhere with
-    `num_gpus`."""
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+def _on_given_gpus(cfg: LearnerConfig) -> LearnerConfig:
+    """`cfg`, with `num_gpus` the GPUs Ray gave this learner actor when it has some that torch sees and `cfg` names
+    none (the original API gives them in the actor's options, `StandardLearner.options(num_gpus=1)`): the model then
+    trains on cuda."""
+    import torch
 
-    group = ray.util.get_current_placement_group()
-    if group is None:
-        return {"num_gpus": num_gpus}
-    return {
-        "num_gpus": num_gpus,
-        "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
-    }
+    if ray.get_gpu_ids() and torch.cuda.is_available() and not cfg.num_gpus:
+        return cfg.model_copy(update={"num_gpus": float(len(ray.get_gpu_ids()))})
+    return cfg
 
 
 RANK_POLL_S = 0.5  # how often rank 0 looks at the other ranks' calls while its own runs
@@ -398,15 +356,17 @@ def _leaving_on_failure(method):
 
 @ray.remote(**SHELL)
 class LearnerRankActor(Learner):
-    """Rank `rank` (> 0) of `cfg.num_learners` data-parallel learners, started by the rank-0 `LearnerActor`, which
-    calls it together with its own learner (`RankZeroLearner`): it trains on its shard of each batch and saves,
-    registers and logs nothing. Its warnings go to `run_dir/logs/learner-<rank>.log`. A call that fails leaves the
-    process group, so the others fail at once (`_leaving_on_failure`)."""
+    """Rank `rank` (> 0) of the `cfg.num_learners` data-parallel learners of the learner group
+    (`topology.start_learner_group`), whose rank 0 (the `LearnerActor`) calls it together with its own learner
+    (`RankZeroLearner`): it trains on its shard of each batch and saves, registers and logs nothing. Its warnings go
+    to `logs/learner-<rank>.log` in the run directory of `tracker`. A call that fails leaves the process group, so
+    the others fail at once (`_leaving_on_failure`)."""
 
-    def __init__(self, model_name: str, algorithm: BaseAlgo, cfg: LearnerConfig, rank: int, run_dir: str, dtype: str):
-        log_to_run_dir(run_dir, f"learner-{rank}")
-        policy = PolicyModel(model_name, cfg.policy, dtype=dtype, device=cfg.device, num_threads=cfg.num_threads)
-        super().__init__(policy, algorithm, cfg, DataParallel(rank, cfg.num_learners, cfg.device, cfg.sharding))
+    def __init__(self, cfg: LearnerConfig, model_path: str, algorithm: BaseAlgo, rank: int, tracker, dtype: str):
+        _log_with(tracker, f"learner-{rank}")
+        cfg = _on_given_gpus(cfg)
+        policy, parallel = learner_parts(model_path, cfg, dtype=dtype, rank=rank)
+        super().__init__(policy, algorithm, cfg, parallel)
 
     def join(self, address: str, port: int) -> None:
         """Join the learners' process group at rank 0's `address:port`."""
@@ -430,13 +390,15 @@ class LearnerRankActor(Learner):
 
 
 class RankZeroLearner(Learner):
-    """Rank 0 of data-parallel learners, inside the `LearnerActor`: the calls every rank makes together (joining,
-    `initialize` with its weight broadcast, `train_step`, `load_state_dict`, and with a sharded model
-    `save_checkpoint` and `state_dict`) are sent to the other ranks' actors
-    (`ranks`, in rank order) and then run here, since the collectives inside them wait for every rank."""
+    """Rank 0 of data-parallel learners (`parallel`), inside the `LearnerActor`: the calls every rank makes together
+    (joining, `initialize` with its weight broadcast, `train_step`, `load_state_dict`, and with a sharded model
+    `save_checkpoint` and `state_dict`) are sent to the other ranks' actors (`ranks`, in rank order) and then run
+    here, since the collectives inside them wait for every rank."""
 
-    def __init__(self, policy: PolicyModel, algorithm: BaseAlgo, cfg: LearnerConfig, ranks: list):
-        super().__init__(policy, algorithm, cfg, DataParallel(0, cfg.num_learners, cfg.device, cfg.sharding))
+    def __init__(
+        self, policy: PolicyModel, algorithm: BaseAlgo, cfg: LearnerConfig, parallel: DataParallel, ranks: list
+    ):
+        super().__init__(policy, algorithm, cfg, parallel)
         self.ranks = ranks
         address, port = ray.util.get_node_ip_address(), free_port()
         self._with_ranks("join", self.parallel.join, address, port)

@@ -17,12 +17,15 @@ from typing import Any
 
 import ray
 
+from unstable.algorithms import Reinforce
+from unstable.algorithms.base import BaseAlgo
 from unstable.buffer.config import BufferConfig, RewardStages
 from unstable.collector.config import CollectorConfig
 from unstable.inference.config import InferenceConfig
+from unstable.learner.config import LearnerConfig, LoraConfig, nest_flat_fields
 from unstable.pool.config import PoolConfig
 from unstable.runtime.actors import CollectorActor, ModelPoolActor, StepBufferActor, TrackerActor
-from unstable.runtime.topology import start_inference_group
+from unstable.runtime.topology import start_inference_group, start_learner_group
 from unstable.tracking import TrackerConfig, new_run_dir
 
 log = logging.getLogger(__name__)
@@ -131,7 +134,54 @@ def inference_from_vllm_config(
     return model, InferenceConfig(**settings)
 
 
+def _standard_learner(
+    ray_options: dict[str, Any],
+    model_name: str,
+    step_buffer,
+    model_pool,
+    tracker,
+    algorithm: BaseAlgo | None = None,
+    *,
+    max_generation_len: int | None = None,
+    **settings: Any,
+) -> Any:
+    """The original API's `StandardLearner(model_name, step_buffer, model_pool, tracker, algorithm, batch_size, ...)`:
+    its keywords as a LearnerConfig (`learner_config_from_original_api`), its algorithm (default Reinforce) given
+    `max_generation_len` (Dr. GRPO's constant) when it has none, started as the learner group
+    (`topology.start_learner_group`, as the YAML path's builder starts its own). With `num_learners` > 1 every other
+    rank gets rank 0's GPUs, anywhere. The inference actors (the script's Collector started them) load each
+    checkpoint's folder."""
+    cfg = learner_config_from_original_api(**settings)
+    algorithm = algorithm or Reinforce()
+    if max_generation_len is not None and getattr(algorithm, "max_generation_len", 0) is None:
+        algorithm.max_generation_len = max_generation_len
+    others = {"num_gpus": ray_options.get("num_gpus", cfg.num_gpus)}
+    placements = [ray_options] + [others] * (cfg.num_learners - 1)
+    return start_learner_group(cfg, model_name, step_buffer, model_pool, tracker, algorithm, placements=placements)
+
+
+def learner_config_from_original_api(
+    lora_cfg: dict[str, Any] | None = None,
+    full_finetune: bool = False,
+    activation_checkpointing: bool = False,
+    **settings,
+) -> LearnerConfig:
+    """The original API's StandardLearner keywords as a LearnerConfig: `lora_cfg` is `policy.lora`, `full_finetune`
+    is `policy.lora: null`, `activation_checkpointing` is `policy.gradient_checkpointing` (one switch in
+    transformers); every other keyword (batch_size, mini_batch_size, learning_rate, grad_clip, max_train_len, ...)
+    is the field of its name in LearnerConfig or in its `policy` or `optimizer` part. A keyword left out takes the
+    default, as a field left out of `learner:` does."""
+    if full_finetune:
+        settings["lora"] = None
+    elif lora_cfg is not None:
+        settings["lora"] = LoraConfig(**lora_cfg)
+    if activation_checkpointing:
+        settings["gradient_checkpointing"] = True
+    return LearnerConfig(**nest_flat_fields(settings))  # its policy's and optimizer's fields go to their sections
+
+
 Tracker = OriginalActor(_tracker)
 StepBuffer = OriginalActor(_step_buffer)
 ModelPool = OriginalActor(_model_pool)
 Collector = OriginalActor(_collector)
+StandardLearner = OriginalActor(_standard_learner)

@@ -1,7 +1,9 @@
-"""Builds the topology of a YAML/CLI run: every component as a Ray actor, each given its config section.
+"""Builds the topology of a run: every component as a Ray actor, each given its config section whole.
 
-No component constructs another. `build_topology(cfg, run_dir)` creates the actors of `runtime.actors` (the
-shells that original-API scripts create by hand) and returns their handles; `runtime.driver.run` drives them.
+No component constructs another. `build_topology(cfg, run_dir)` starts the shells of `runtime.actors` as peers
+(tracker, buffer, pool, the inference group, collector, the learner group) and returns their handles;
+`runtime.driver.run` drives them. The original API's actor classes (`runtime.original_api`) start the inference and
+learner groups through the same `start_inference_group` and `start_learner_group`.
 
 On a Ray cluster every actor that writes the run directory (Tracker, StepBuffer, ModelPool, Collector and the
 learner, which all log there, the learner also saving checkpoints and states) runs on the driver's node; only the
@@ -24,6 +26,8 @@ from unstable.config import ConfigError, RunConfig
 from unstable.inference.config import InferenceConfig
 
 if TYPE_CHECKING:
+    from unstable.algorithms.base import BaseAlgo
+    from unstable.learner import LearnerConfig
     from unstable.runtime.actors import InferenceGroup
 
 log = logging.getLogger(__name__)
@@ -93,21 +97,14 @@ def build_topology(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> Topol
     """
     import ray
 
-    from unstable.runtime.actors import (
-        CollectorActor,
-        LearnerActor,
-        ModelPoolActor,
-        StepBufferActor,
-        TrackerActor,
-        on_node,
-    )
+    from unstable.runtime.actors import CollectorActor, ModelPoolActor, StepBufferActor, TrackerActor, on_node
 
     model_path = resolve_model_path(cfg)
     seed = cfg.run.seed
     driver_node = ray.get_runtime_context().get_node_id()
     others = _other_nodes(cfg, driver_node)
     _check_model_on(others, model_path)
-    learner_placement = _learner_placement(cfg, driver_node)  # refused before any actor starts
+    placements = learner_placements(cfg.learner, driver_node)  # refused before any actor starts
     here = on_node(driver_node)
     tracker = TrackerActor.options(name="Tracker", scheduling_strategy=here).remote(
         cfg.tracker, str(run_dir.resolve()), cfg.run.name
@@ -128,13 +125,14 @@ def build_topology(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> Topol
     collector = CollectorActor.options(name="Collector", scheduling_strategy=here).remote(
         cfg.collector, inference, buffer, pool, tracker, seed=seed, resume_step=resume_step
     )
-    learner = LearnerActor.options(name="Learner", **learner_placement).remote(
+    learner = start_learner_group(
+        cfg.learner,
         model_path,
         buffer,
         pool,
         tracker,
         cfg.learner.algorithm.build(),
-        cfg=cfg.learner,
+        placements=[placements[0] | {"name": "Learner"}, *placements[1:]],
         dtype=cfg.model.dtype,
         inference_servers=inference.servers,
     )
@@ -267,21 +265,21 @@ def _check_model_on(nodes: list[dict[str, Any]], model_path: str) -> None:
             )
 
 
-def _learner_placement(cfg: RunConfig, driver_node: str) -> dict[str, Any]:
-    """The learner's Ray options: on the driver's node (it writes the run directory); with GPUs, one placement
-    group for all `learner.num_learners` ranks, a bundle of `learner.num_gpus` each: rank 0's bundle on the driver's
-    node, the others packed onto as few nodes as possible (PACK), so each learner stays with its GPUs, the ranks sit
-    together where they fit, and they are reserved all at once or not at all. Rank 0 starts the other ranks in the
-    group's later bundles (`runtime.actors.rank_options`)."""
+def learner_placements(cfg: LearnerConfig, driver_node: str) -> list[dict[str, Any]]:
+    """The Ray options of each of the `cfg.num_learners` learner ranks, rank 0's first. Rank 0 runs on the driver's
+    node (it writes the run directory). With GPUs the ranks are one placement group, a bundle of `cfg.num_gpus` each:
+    rank 0's bundle on the driver's node, the others packed onto as few nodes as possible (PACK), so each learner
+    stays with its GPUs, the ranks sit together where they fit, and they are reserved all at once or not at all.
+    Learners without GPUs: the other ranks anywhere. Refused (ConfigError) when the cluster cannot hold them."""
     import ray
     from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from unstable.runtime.actors import on_node
 
-    gpus, ranks = cfg.learner.num_gpus, cfg.learner.num_learners
+    gpus, ranks = cfg.num_gpus, cfg.num_learners
     if not gpus:
-        return {"num_gpus": 0, "scheduling_strategy": on_node(driver_node)}
+        return [{"num_gpus": 0, "scheduling_strategy": on_node(driver_node)}] + [{"num_gpus": 0}] * (ranks - 1)
     nodes = [n for n in ray.nodes() if n["Alive"]]
     have = next(n["Resources"].get("GPU", 0) for n in nodes if n["NodeID"] == driver_node)
     if gpus > have:
@@ -300,10 +298,49 @@ def _learner_placement(cfg: RunConfig, driver_node: str) -> dict[str, Any]:
         strategy="PACK",
         bundle_label_selector=[{NODE_ID_LABEL_KEY: driver_node}] + [{}] * (ranks - 1),
     )
-    return {
-        "num_gpus": gpus,
-        "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
-    }
+    return [
+        {
+            "num_gpus": gpus,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
+        }
+        for rank in range(ranks)
+    ]
+
+
+def start_learner_group(
+    cfg: LearnerConfig,
+    model_path: str,
+    step_buffer,
+    model_pool,
+    tracker,
+    algorithm: BaseAlgo,
+    *,
+    placements: list[dict[str, Any]],
+    dtype: str = "float32",
+    inference_servers: list | None = None,
+) -> Any:
+    """The learner group: one actor per learner rank, each under its Ray options in `placements` (rank 0's first;
+    one per rank), all training the base model at `model_path` (weights in `dtype`) with `algorithm` under `cfg`.
+    The other ranks (`LearnerRankActor`s) start first and rank 0 (the `LearnerActor`, the loop, which joins them in
+    one process group) gets their handles; returns rank 0's. The YAML path's builder and the original API's
+    StandardLearner both start theirs here. `inference_servers`: see `LearnerActor`."""
+    from unstable.runtime.actors import LearnerActor, LearnerRankActor
+
+    ranks = [
+        LearnerRankActor.options(**options).remote(cfg, model_path, algorithm, rank, tracker, dtype)
+        for rank, options in enumerate(placements[1:], 1)
+    ]
+    return LearnerActor.options(**placements[0]).remote(
+        cfg,
+        model_path,
+        step_buffer,
+        model_pool,
+        tracker,
+        algorithm,
+        dtype=dtype,
+        inference_servers=inference_servers,
+        ranks=ranks,
+    )
 
 
 def _forwarded_env() -> dict[str, str]:
