@@ -60,9 +60,9 @@ def run_mode(model_dir: str, run_dir: Path, steps: int, lora: bool, resume_state
     """`steps` learner steps of the loop with `resume_state` settings; step times and samples."""
     from unstable.algorithms import Reinforce
     from unstable.buffer import StepBuffer
+    from unstable.buffer.config import BufferConfig
     from unstable.learner import Learner, LearnerConfig, LoraConfig
     from unstable.pool import ModelPool
-    from unstable.rewards import WinDrawLossFormatter
     from unstable.runtime.loop import LearnerLoop
     from unstable.tracking import Tracker, TrackerConfig, keys
 
@@ -70,7 +70,7 @@ def run_mode(model_dir: str, run_dir: Path, steps: int, lora: bool, resume_state
         num_steps=steps, batch_size=8, optimizer={"learning_rate": 1e-4}, resume_state=resume_state,
         policy={"micro_batch_tokens": 1024, "lora": LoraConfig(lora_rank=8) if lora else None},
     )  # fmt: skip
-    buffer = StepBuffer(steps * 8 + 8, final_reward_transformation=WinDrawLossFormatter())
+    buffer = StepBuffer(BufferConfig(max_buffer_size=steps * 8 + 8))
     for seed in range(4 * steps + 1):  # 2 learner moves a game, 8 a batch
         buffer.add_game(_game(seed, {0: "ckpt-0", 1: "random"}))
     pool = ModelPool()

@@ -16,6 +16,7 @@ from unstable.algorithms.group_baseline import group_advantages
 from unstable.algorithms.trainable import PolicyOutput
 from unstable.algorithms.vtrace_awr import one_step_vtrace
 from unstable.buffer import StepBuffer
+from unstable.buffer.config import BufferConfig
 from unstable.config import ConfigError, validate_config
 from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyConfig, PolicyModel
 from unstable.learner.config import nest_flat_fields
@@ -183,7 +184,7 @@ def test_a2c_bootstraps_from_the_next_prompt_the_buffer_links_each_step_to():
     steps = tuple(
         _step(prompt=(p,), player_id=pid, turn=t) for t, (pid, p) in enumerate([(0, 7), (1, 5), (0, 3), (0, 1)])
     )
-    buffer = StepBuffer(max_buffer_size=8)
+    buffer = StepBuffer(BufferConfig(max_buffer_size=8))
     buffer.add_game(GameRecord("E", 0, {0: "a", 1: "b"}, steps, {0: 1.0, 1: -1.0}, learner_player_ids=(0, 1)))
     batch = sorted(buffer.get_batch(4), key=lambda s: s.turn)
     algorithm = A2C(bootstrap=1.0)
@@ -357,7 +358,7 @@ def test_a2c_value_head_joins_the_optimizer(tiny_model_dir):
 def test_stale_samples_are_dropped_and_counted(tiny_model_dir, tmp_path, bandit):
     pool = ModelPool()
     pool.add_checkpoint(path=None, iteration=-1)
-    buffer = StepBuffer(max_buffer_size=16)
+    buffer = StepBuffer(BufferConfig(max_buffer_size=16))
     learner = _learner(tiny_model_dir, Reinforce(), batch_size=4, max_staleness=2)
     loop = LearnerLoop(learner, buffer, pool, Tracker(tmp_path), str(tmp_path))
     learner.step = 5  # as if five updates had been made

@@ -76,6 +76,8 @@ NOT_HERE = {
     "benchmarks/footprint.py": "the probes of a run's disk, memory and row size that loop.py and two experiments share",
     "benchmarks/gpu.py": "its CPU smoke path (--smoke) runs in tests/test_gpu_benchmark.py",
     "benchmarks/gym_benchmark.py": "the shared runner of cartpole.py and pendulum.py, not a benchmark",
+    "benchmarks/recorded.py": "how the benchmarks record their settings, not a benchmark (tests/test_results.py)",
+    "benchmarks/tables.py": "writes the guide's result tables; tests/test_results.py runs its check",
     "benchmarks/learning.py": "test_the_learning_benchmark_and_its_reevaluation below (reevaluate.py reads its output)",
     "benchmarks/reevaluate.py": "test_the_learning_benchmark_and_its_reevaluation below",
     "benchmarks/chaos.py": "each kill is an `unstable train` session and its resume (minutes each); "

@@ -15,13 +15,13 @@ from rich.console import Console
 
 from unstable.algorithms import Reinforce
 from unstable.buffer import StepBuffer
+from unstable.buffer.config import BufferConfig
 from unstable.dashboard import panels
 from unstable.learner import Learner, LearnerConfig, LoraConfig
 from unstable.learner.config import ResumeStateConfig, RetentionConfig
 from unstable.pool import ModelPool
 from unstable.records import GameRecord, Step
 from unstable.report import data
-from unstable.rewards import WinDrawLossFormatter
 from unstable.runtime import resume
 from unstable.runtime.loop import LearnerLoop
 from unstable.tracking import Tracker, TrackerConfig, keys
@@ -52,7 +52,7 @@ def _loop(model_dir: str, run_dir: Path, num_steps: int) -> LearnerLoop:
         resume_state=ResumeStateConfig(every_steps=5, every_minutes=None, keep_last=2),
         retention=RetentionConfig(keep_last=2),
     )  # fmt: skip
-    buffer = StepBuffer(64, final_reward_transformation=WinDrawLossFormatter())
+    buffer = StepBuffer(BufferConfig(max_buffer_size=64))
     for seed in range(num_steps):
         buffer.add_game(_game(seed, {0: "ckpt-0", 1: "random"}))
     pool = ModelPool()

@@ -12,6 +12,7 @@ import pytest
 
 from unstable.agents.scripted import RandomAgent
 from unstable.buffer import StepBuffer
+from unstable.buffer.config import BufferConfig
 from unstable.collector import Collector
 from unstable.collector.collector import RECORDS_ENV
 from unstable.collector.config import CollectorConfig
@@ -23,7 +24,6 @@ from unstable.games.moves import legal_moves
 from unstable.pool import ModelPool
 from unstable.pool.config import PoolConfig
 from unstable.records import Decision, EnvSpec, GenerationResult, Step
-from unstable.rewards import WinDrawLossFormatter
 from unstable.runtime import train
 from unstable.tracking import Tracker, keys
 
@@ -184,7 +184,7 @@ def _step(group_id=None):
 
 
 def test_buffer_draws_whole_groups():
-    buffer = StepBuffer(max_buffer_size=64, seed=3)
+    buffer = StepBuffer(BufferConfig(max_buffer_size=64), seed=3)
     buffer.steps.extend(_step(f"g{i % 3}") for i in range(12))  # three groups of four, interleaved
     for _ in range(2):
         batch = buffer.get_batch(4)
@@ -211,7 +211,7 @@ class _FakeEngine:
 def test_collector_group_size_sends_every_branch_to_the_buffer(tmp_path):
     pool = ModelPool(PoolConfig(sample_mode="mirror"))
     pool.add_checkpoint(path=None, iteration=-1)
-    buffer = StepBuffer(max_buffer_size=256, final_reward_transformation=WinDrawLossFormatter())
+    buffer = StepBuffer(BufferConfig(max_buffer_size=256))
     cfg = CollectorConfig(training_envs=[TICTACTOE], group_size=3)
     collector = Collector(_FakeEngine(), pool, buffer, Tracker(tmp_path), cfg, seed=1)
     collector.play_one(is_eval=False)

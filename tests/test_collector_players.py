@@ -8,6 +8,7 @@ import random
 import pytest
 
 from unstable.buffer import StepBuffer
+from unstable.buffer.config import BufferConfig
 from unstable.collector import Collector
 from unstable.collector.config import CollectorConfig
 from unstable.games.moves import legal_moves
@@ -15,7 +16,6 @@ from unstable.pool import ModelPool
 from unstable.pool.config import PoolConfig
 from unstable.pool.ratings import Rating
 from unstable.records import EnvSpec, GenerationResult
-from unstable.rewards import WinDrawLossFormatter
 from unstable.tracking import Tracker, keys
 
 
@@ -36,7 +36,7 @@ class _FakeEngine:
 def _collector(tmp_path, spec: EnvSpec, pool_cfg: PoolConfig) -> tuple[Collector, ModelPool, StepBuffer]:
     pool = ModelPool(pool_cfg)
     pool.add_checkpoint(path=None, iteration=-1)
-    buffer = StepBuffer(256, final_reward_transformation=WinDrawLossFormatter())
+    buffer = StepBuffer(BufferConfig(max_buffer_size=256))
     cfg = CollectorConfig(training_envs=[spec], max_turns=60)
     return Collector(_FakeEngine(), pool, buffer, Tracker(tmp_path), cfg), pool, buffer
 
@@ -84,7 +84,7 @@ def test_evaluation_opponents_take_turns_and_meet_every_seat(tmp_path):
     pool = ModelPool()
     pool.add_checkpoint(path=None, iteration=-1)
     cfg = CollectorConfig(training_envs=[spec], evaluation_opponents=["random", "tictactoe-minimax"])
-    collector = Collector(_FakeEngine(), pool, StepBuffer(16), Tracker(tmp_path), cfg)
+    collector = Collector(_FakeEngine(), pool, StepBuffer(BufferConfig(max_buffer_size=16)), Tracker(tmp_path), cfg)
     records = collector.evaluate(8, concurrency=1)
     met = {(r.players[1 - r.learner_player_ids[0]], r.learner_player_ids[0]) for r in records}
     assert met == {(o, seat) for o in ("random", "tictactoe-minimax") for seat in (0, 1)}
@@ -99,7 +99,7 @@ def _collect_in_background(tmp_path, capacity: int, **cfg) -> tuple[Collector, M
     spec = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
     pool = ModelPool(PoolConfig(sample_mode="fixed", fixed_opponents=["random"]))
     pool.add_checkpoint(path=None, iteration=-1)
-    buffer = StepBuffer(capacity)
+    buffer = StepBuffer(BufferConfig(max_buffer_size=capacity))
     collector = Collector(_FakeEngine(), pool, buffer, Tracker(tmp_path), CollectorConfig(training_envs=[spec], **cfg))
     runner = threading.Thread(target=collector.collect, args=(8,))
     runner.start()

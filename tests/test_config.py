@@ -280,7 +280,7 @@ def test_every_subcommand_refuses_a_missing_or_wrong_path_in_one_line(tmp_path, 
 def test_the_original_apis_learner_keywords_default_to_the_yaml_learners_values():
     """`StandardLearner(...)` without a keyword trains as `learner:` without that field does: one set of defaults."""
     from unstable.learner import LearnerConfig, LoraConfig
-    from unstable.runtime.actors import learner_config_from_original_api
+    from unstable.runtime.original_api import learner_config_from_original_api
 
     assert learner_config_from_original_api() == LearnerConfig()
     full = learner_config_from_original_api(full_finetune=True, activation_checkpointing=True, batch_size=8)
@@ -307,7 +307,7 @@ def test_a_learner_field_has_one_spelling_and_an_old_run_directory_is_upgraded_o
     spelling of every such field); the original API's keywords and a run directory's `config.yaml` written before the
     split are moved into the sections, the latter with a warning, and a field given both ways is one error."""
     from unstable.learner import LearnerConfig, OptimizerConfig, PolicyConfig
-    from unstable.runtime.actors import learner_config_from_original_api
+    from unstable.runtime.original_api import learner_config_from_original_api
 
     with pytest.raises(ValueError, match=r"learning_rate belongs in learner.optimizer \(learner.optimizer\."):
         LearnerConfig(learning_rate=0.1)

@@ -18,6 +18,7 @@ from unstable.agents import seating
 from unstable.agents.api import APISettings
 from unstable.algorithms import Reinforce
 from unstable.buffer import StepBuffer
+from unstable.buffer.config import BufferConfig
 from unstable.collector import Collector
 from unstable.collector.config import CollectorConfig
 from unstable.games import episode
@@ -25,7 +26,6 @@ from unstable.games.moves import legal_moves
 from unstable.pool import ModelPool
 from unstable.pool.config import PoolConfig
 from unstable.records import EnvSpec, GenerationRequest, GenerationResult
-from unstable.rewards import WinDrawLossFormatter
 from unstable.runtime.loop import LearnerLoop, RunStopped
 from unstable.tracking import Tracker, keys
 from unstable.tracking.history import read_rows
@@ -104,7 +104,7 @@ def _wrap(env, index: int):
 def test_faulty_games_are_counted_by_cause_and_learning_goes_on(tiny_model_dir, tmp_path, faults):
     pool = ModelPool(PoolConfig(sample_mode="random", fixed_opponents=["org/model", "random"]))
     pool.add_checkpoint(path=None, iteration=-1)
-    buffer = StepBuffer(256, final_reward_transformation=WinDrawLossFormatter())
+    buffer = StepBuffer(BufferConfig(max_buffer_size=256))
     tracker = Tracker(tmp_path)
     collector = Collector(_FaultyEngine(), pool, buffer, tracker, CollectorConfig(training_envs=[SPEC]))
     collecting = threading.Thread(target=collector.collect, args=(4,))
@@ -141,7 +141,7 @@ class _EngineThatCannotGenerate:
 def test_when_every_training_game_fails_the_learner_stops_with_the_cause_instead_of_waiting(tiny_model_dir, tmp_path):
     pool = ModelPool(PoolConfig(sample_mode="random", fixed_opponents=["random"]))
     pool.add_checkpoint(path=None, iteration=-1)
-    buffer = StepBuffer(256, final_reward_transformation=WinDrawLossFormatter())
+    buffer = StepBuffer(BufferConfig(max_buffer_size=256))
     tracker = Tracker(tmp_path)
     cfg = CollectorConfig(training_envs=[SPEC], max_failed_games_in_a_row=20)
     collector = Collector(_EngineThatCannotGenerate(), pool, buffer, tracker, cfg)
@@ -380,7 +380,8 @@ def test_an_inference_actor_killed_while_its_engine_starts_is_started_again(tmp_
     import ray
 
     from unstable.inference import InferenceConfig
-    from unstable.runtime.actors import InferenceServerActor, _start_surviving_restarts
+    from unstable.runtime.actors import InferenceServerActor
+    from unstable.runtime.topology import _start_surviving_restarts
 
     class DiesOnceWhileStarting:
         """A backend whose first build kills its process (as `kill -9` of an inference actor starting its engine

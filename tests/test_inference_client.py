@@ -11,6 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pytest
 
 from unstable.buffer import StepBuffer
+from unstable.buffer.config import BufferConfig
 from unstable.collector import Collector
 from unstable.collector.config import CollectorConfig
 from unstable.config import ConfigError, validate_config
@@ -169,7 +170,7 @@ def test_the_collector_keeps_each_game_on_one_server_and_the_client_forgets_it_w
     pool = ModelPool(PoolConfig(sample_mode="mirror"))
     pool.add_checkpoint(path=None, iteration=-1)
     cfg = CollectorConfig(training_envs=[EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")])
-    collector = Collector(client, pool, StepBuffer(4096), Tracker(tmp_path), cfg)
+    collector = Collector(client, pool, StepBuffer(BufferConfig(max_buffer_size=4096)), Tracker(tmp_path), cfg)
     with ThreadPoolExecutor(4) as games:
         records = list(games.map(lambda _: collector.play_one(is_eval=False), range(40)))
     assert not any(r.failed for r in records)

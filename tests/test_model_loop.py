@@ -11,6 +11,7 @@ from unstable.agents.policy import PolicyAgent
 from unstable.agents.scripted import RandomAgent
 from unstable.algorithms import Reinforce
 from unstable.buffer import StepBuffer
+from unstable.buffer.config import BufferConfig
 from unstable.games import get_template, play_episode
 from unstable.inference import InferenceConfig, InferenceServer, SamplingConfig
 from unstable.inference.transformers_backend import TransformersBackend
@@ -18,7 +19,6 @@ from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyConfig, P
 from unstable.learner.config import nest_flat_fields
 from unstable.pool import ModelPool
 from unstable.records import Checkpoint, EnvSpec, GenerationRequest
-from unstable.rewards import WinDrawLossFormatter
 from unstable.runtime.loop import LearnerLoop
 from unstable.tracking import Tracker, keys
 
@@ -95,7 +95,7 @@ def test_learner_update_changes_the_adapter_and_the_engine_hot_swaps_it(tiny_mod
     server.start()
     pool = ModelPool()
     base = pool.add_checkpoint(None, -1)
-    buffer = StepBuffer(64, final_reward_transformation=WinDrawLossFormatter())
+    buffer = StepBuffer(BufferConfig(max_buffer_size=64))
     template = get_template("qwen3-zs")
     for seed in range(6):
         agents = {0: PolicyAgent(server, base, template), 1: RandomAgent(seed)}
@@ -183,7 +183,7 @@ def _greedy_server_with_games(model_dir: str) -> tuple[ModelPool, Checkpoint, In
     backend = TransformersBackend(model_dir, SamplingConfig(max_new_tokens=6, temperature=0.0))
     server = InferenceServer(lambda: backend, InferenceConfig(batch_wait_ms=0))
     server.start()
-    buffer = StepBuffer(32, final_reward_transformation=WinDrawLossFormatter())
+    buffer = StepBuffer(BufferConfig(max_buffer_size=32))
     for seed in range(3):
         agents = {0: PolicyAgent(server, base, get_template("qwen3-zs")), 1: RandomAgent(seed)}
         buffer.add_game(play_episode(TICTACTOE, agents, seed, learner_player_ids=(0,)))
@@ -321,7 +321,7 @@ def test_the_learner_scores_steps_under_the_distribution_they_were_sampled_from(
 def test_a_learner_built_from_the_seed_keywords_scores_steps_at_their_sampling_temperature(tiny_model_dir):
     """The seed API's learner has no temperature of its own to disagree with the Collector's `vllm_config`: steps
     sampled at temperature 0.7 say so, and it scores them at 0.7 (its first update is on-policy)."""
-    from unstable.runtime.actors import learner_config_from_original_api
+    from unstable.runtime.original_api import learner_config_from_original_api
 
     backend = TransformersBackend(tiny_model_dir, SamplingConfig(max_new_tokens=8, temperature=0.7))
     agent = PolicyAgent(OneAtATime(backend), Checkpoint("ckpt--1"), get_template("qwen3-zs"))

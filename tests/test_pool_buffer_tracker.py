@@ -7,6 +7,7 @@ import pytest
 
 import unstable.reward_transformations as retra
 from unstable.buffer import StepBuffer
+from unstable.buffer.config import BufferConfig, RewardStages
 from unstable.pool import ModelPool, Rating, RatingSystem
 from unstable.pool.config import PoolConfig
 from unstable.records import GameRecord, Step
@@ -121,10 +122,8 @@ def test_buffer_applies_final_and_step_transforms_without_mutation():
             return {pid: r + 0.1 if r > 0 else r for pid, r in x.items()}
 
     buffer = StepBuffer(
-        max_buffer_size=10,
-        final_reward_transformation=retra.ComposeFinalRewardTransforms(
-            [retra.WinDrawLossFormatter(), ShapedWinBonus()]
-        ),
+        BufferConfig(max_buffer_size=10),
+        stages=RewardStages(final=retra.ComposeFinalRewardTransforms([retra.WinDrawLossFormatter(), ShapedWinBonus()])),
     )
     game = _game({0: 3.0, 1: -2.0})
     assert buffer.add_game(game) == 4
@@ -135,7 +134,7 @@ def test_buffer_applies_final_and_step_transforms_without_mutation():
 
 
 def test_buffer_keeps_only_learner_steps_with_tokens_and_skips_failed_and_eval():
-    buffer = StepBuffer(max_buffer_size=3, final_reward_transformation=retra.WinDrawLossFormatter())
+    buffer = StepBuffer(BufferConfig(max_buffer_size=3))
     assert buffer.add_game(_game({0: 1, 1: -1}, learner_ids=(1,))) == 2
     assert {s.player_id for s in buffer.steps} == {1}
     assert buffer.add_game(_game({}, error="crash")) == 0

@@ -96,12 +96,12 @@ def test_a_run_on_two_nodes_ships_checkpoints_to_the_inference_node_and_resumes(
 def test_the_learner_sits_with_its_gpus_on_the_drivers_node_and_inference_nodes_need_the_model(two_node_cluster):
     import ray
 
-    from unstable.runtime.topology import _check_model_on, _learner_placement, _other_nodes
+    from unstable.runtime.topology import _check_model_on, _other_nodes, learner_placements
 
     ray.init(address=two_node_cluster.address)
     try:
         driver_node = ray.get_runtime_context().get_node_id()
-        options = _learner_placement(load_config(EXAMPLE, ["learner.num_gpus=1"]), driver_node)
+        (options,) = learner_placements(load_config(EXAMPLE, ["learner.num_gpus=1"]).learner, driver_node)
 
         @ray.remote(num_cpus=0)
         class Probe:
@@ -110,7 +110,7 @@ def test_the_learner_sits_with_its_gpus_on_the_drivers_node_and_inference_nodes_
 
         assert ray.get(Probe.options(**options).remote().where.remote(), timeout=120) == (driver_node, 1)
         with pytest.raises(ConfigError, match="learner.num_gpus = 2.0: the learner runs on the driver's node"):
-            _learner_placement(load_config(EXAMPLE, ["learner.num_gpus=2"]), driver_node)
+            learner_placements(load_config(EXAMPLE, ["learner.num_gpus=2"]).learner, driver_node)
         others = _other_nodes(load_config(EXAMPLE, ["inference.resources={node2: 1}"]), driver_node)
         assert [n["Resources"].get("node2") for n in others] == [1.0]
         with pytest.raises(ConfigError, match=r"model.path = '/no/such/model': no such model directory .* on Ray node"):
@@ -122,7 +122,7 @@ def test_the_learner_sits_with_its_gpus_on_the_drivers_node_and_inference_nodes_
 def test_gpu_learner_ranks_are_reserved_together_rank_0_on_the_drivers_node(two_node_cluster):
     import ray
 
-    from unstable.runtime.topology import _learner_placement
+    from unstable.runtime.topology import learner_placements
 
     ray.init(address=two_node_cluster.address)
     try:
@@ -135,17 +135,11 @@ def test_gpu_learner_ranks_are_reserved_together_rank_0_on_the_drivers_node(two_
             def where(self) -> tuple[str, int]:
                 return ray.get_runtime_context().get_node_id(), len(ray.get_gpu_ids())
 
-            def rank_options(self, rank: int) -> dict:
-                from unstable.runtime.actors import rank_options
-
-                return rank_options(rank, 1.0)
-
-        rank_0 = Rank.options(**_learner_placement(cfg, driver_node)).remote()
-        rank_1 = Rank.options(**ray.get(rank_0.rank_options.remote(1), timeout=120)).remote()
+        rank_0, rank_1 = (Rank.options(**options).remote() for options in learner_placements(cfg.learner, driver_node))
         assert ray.get(rank_0.where.remote(), timeout=120) == (driver_node, 1)
         assert ray.get(rank_1.where.remote(), timeout=120) == (second_node, 1)  # the head's one GPU is rank 0's
         three = load_config(EXAMPLE, ["learner.num_gpus=1", "learner.num_learners=3", "learner.batch_size=6"])
         with pytest.raises(ConfigError, match="learner.num_learners = 3 with learner.num_gpus = 1.0 each: the Ray"):
-            _learner_placement(three, driver_node)
+            learner_placements(three.learner, driver_node)
     finally:
         ray.shutdown()

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from unstable.buffer import StepBuffer
+from unstable.buffer.config import BufferConfig, RewardStages
 from unstable.collector import Collector
 from unstable.collector.config import CollectorConfig
 from unstable.games.moves import legal_moves
@@ -121,9 +122,8 @@ def test_pool_state_restores_checkpoints_ratings_matches_and_sampling():
 
 def test_buffer_state_carries_the_reward_baselines_and_counters():
     def buffer():
-        return StepBuffer(
-            8, final_reward_transformation=ComposeFinalRewardTransforms([RoleAdvantageByEnvFormatter(0.5)])
-        )
+        final = ComposeFinalRewardTransforms([RoleAdvantageByEnvFormatter(0.5)])
+        return StepBuffer(BufferConfig(max_buffer_size=8), stages=RewardStages(final=final))
 
     first = buffer()
     first.add_game(_game({0: 1.0, 1: -1.0}, {0: "a", 1: "b"}))
@@ -156,7 +156,8 @@ def _game_seeds(tmp_path, resume_step: int, games: int = 3) -> set[int]:
     pool = ModelPool()
     pool.add_checkpoint(path=None, iteration=-1)
     cfg = CollectorConfig(training_envs=[EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")])
-    collector = Collector(_FirstMove(), pool, StepBuffer(64), Tracker(tmp_path), cfg, seed=5, resume_step=resume_step)
+    buffer = StepBuffer(BufferConfig(max_buffer_size=64))
+    collector = Collector(_FirstMove(), pool, buffer, Tracker(tmp_path), cfg, seed=5, resume_step=resume_step)
     return {collector.play_one(is_eval=False).seed for _ in range(games)}
 
 

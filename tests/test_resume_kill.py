@@ -103,7 +103,11 @@ def _restored_adapter(cfg, model_dir: str, run_dir: Path) -> dict[str, torch.Ten
     """The weights a learner holds after `LearnerLoop.restore` of the latest state, as the adapter file names them."""
     learner = Learner.build(model_dir, cfg.learner.algorithm.build(), cfg.learner)
     loop = LearnerLoop(
-        learner, StepBuffer(8, **cfg.buffer.transform_stages()), ModelPool(cfg.pool), Tracker(run_dir / "x"), run_dir
+        learner,
+        StepBuffer(cfg.buffer.model_copy(update={"max_buffer_size": 8})),
+        ModelPool(cfg.pool),
+        Tracker(run_dir / "x"),
+        run_dir,
     )
     loop.restore(str(resume.latest_state(run_dir)[1]))
     return get_peft_model_state_dict(learner.policy.model)

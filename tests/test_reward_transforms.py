@@ -8,7 +8,7 @@ import pytest
 
 import unstable.reward_transformations as retra
 from unstable.buffer import StepBuffer, step_buffer
-from unstable.buffer.config import BufferConfig, TransformConfig
+from unstable.buffer.config import BufferConfig, RewardStages, TransformConfig
 from unstable.records import GameRecord, Step, link_decisions
 
 
@@ -104,7 +104,7 @@ def test_by_turn_gives_each_turn_its_own_mean_and_std():
 
 
 def test_the_buffer_names_each_steps_opponent_from_the_game_record():
-    buffer = StepBuffer(max_buffer_size=10)
+    buffer = StepBuffer(BufferConfig(max_buffer_size=10), stages=RewardStages())
     steps = (_step(0), _step(1), _step(0))
     players = {0: "ckpt-3", 1: "random"}
     buffer.add_game(GameRecord("TicTacToe-v0-train", 0, players, steps, {0: 1, 1: -1}, learner_player_ids=(0,)))
@@ -148,12 +148,14 @@ def test_registry_builds_every_transform_and_config_accepts_their_names():
 
 def test_seed_002_pipeline_end_to_end_in_the_buffer():
     buffer = StepBuffer(
-        max_buffer_size=10,
-        final_reward_transformation=retra.ComposeFinalRewardTransforms([retra.RoleAdvantageByEnvFormatter()]),
-        step_reward_transformation=retra.ComposeStepRewardTransforms(
-            [retra.RewardForFormat(1.5), retra.PenaltyForInvalidMove(1.0, -1.0)]
+        BufferConfig(max_buffer_size=10),
+        stages=RewardStages(
+            final=retra.ComposeFinalRewardTransforms([retra.RoleAdvantageByEnvFormatter()]),
+            step=retra.ComposeStepRewardTransforms(
+                [retra.RewardForFormat(1.5), retra.PenaltyForInvalidMove(1.0, -1.0)]
+            ),
+            sampling=retra.ComposeSamplingRewardTransforms([retra.NormalizeRewardsByEnv(True)]),
         ),
-        sampling_reward_transformation=retra.ComposeSamplingRewardTransforms([retra.NormalizeRewardsByEnv(True)]),
     )
     steps = (_step(0), _step(1), _step(0, format_ok=False), _step(1, invalid_move=True))
     buffer.add_game(
@@ -183,7 +185,7 @@ def test_link_decisions_counts_each_players_later_decisions_and_names_its_next_p
 
 def test_each_step_in_the_buffer_carries_its_players_next_decision_prompt():
     steps = tuple(replace(_step(pid), turn=turn, prompt_token_ids=(turn,)) for turn, pid in enumerate([0, 1, 0, 1, 0]))
-    buffer = StepBuffer(max_buffer_size=10)
+    buffer = StepBuffer(BufferConfig(max_buffer_size=10), stages=RewardStages())
     buffer.add_game(_game(steps))
     assert [s.next_prompt_token_ids for s in buffer.steps] == [(2,), (3,), (4,), (), ()]
     assert [s.reward for s in buffer.steps] == [1, -1, 1, -1, 1]  # no discount unless configured
@@ -194,14 +196,16 @@ DISCOUNTED = [0.25, -0.25, 0.5, -1.5, -1.0, 1.0]  # see the next test
 
 def test_discount_scales_each_move_by_its_players_later_moves_before_the_other_step_transforms():
     stage = [retra.DiscountLaterDecisions(0.5), retra.PenaltyForInvalidMove(0.0, -1.0)]
-    buffer = StepBuffer(max_buffer_size=10, step_reward_transformation=retra.ComposeStepRewardTransforms(stage))
+    buffer = StepBuffer(
+        BufferConfig(max_buffer_size=10), stages=RewardStages(step=retra.ComposeStepRewardTransforms(stage))
+    )
     buffer.add_game(_game((_step(0), _step(1), _step(0), _step(1, invalid_move=True), _step(1), _step(0))))
     # player 0 moved 3 times: 0.25, 0.5, 1; player 1 three times: -0.25, -0.5 - 1 (its rejected move), -1
     assert [s.reward for s in buffer.steps] == DISCOUNTED
 
 
 def _rewards_under(buffer_settings: dict) -> list[float]:
-    buffer = StepBuffer(max_buffer_size=10, **BufferConfig(**buffer_settings).transform_stages())
+    buffer = StepBuffer(BufferConfig(max_buffer_size=10, **buffer_settings))
     buffer.add_game(_game((_step(0), _step(1), _step(0), _step(1, invalid_move=True), _step(1), _step(0))))
     return [s.reward for s in buffer.steps]
 

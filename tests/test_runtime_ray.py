@@ -106,14 +106,30 @@ def test_two_inference_actors_sample_different_completions_for_one_prompt(tiny_m
 
     from unstable.inference import InferenceConfig
     from unstable.records import GenerationRequest
-    from unstable.runtime.actors import _start_servers
+    from unstable.runtime.topology import start_inference_group
 
     ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
     try:
         inference = InferenceConfig(num_actors=2, max_new_tokens=16)
-        servers = _start_servers(tiny_model_dir, inference, "float32", seed=0)
+        servers = start_inference_group(inference, tiny_model_dir).servers
         request = GenerationRequest("<|im_start|>user\nYour move.<|im_end|>\n<|im_start|>assistant\n")
         first, second = ray.get([server.generate.remote(request) for server in servers])
         assert first.completion_token_ids != second.completion_token_ids  # each actor samples its own stream
+    finally:
+        ray.shutdown()
+
+
+def test_inference_actors_needing_more_gpus_than_the_cluster_has_are_refused_in_one_line():
+    """The driver starts the inference group (the collector did, where the refusal became a Ray traceback)."""
+    import ray
+
+    from unstable.config import ConfigError
+    from unstable.inference import InferenceConfig
+    from unstable.runtime.topology import start_inference_group
+
+    ray.init(num_cpus=1, num_gpus=1, include_dashboard=False, ignore_reinit_error=True)
+    try:
+        with pytest.raises(ConfigError, match=r"inference.num_actors = 2 x inference.num_gpus = 1.0: 2.0 GPUs, but"):
+            start_inference_group(InferenceConfig(num_actors=2, num_gpus=1), "org/model")
     finally:
         ray.shutdown()

@@ -8,6 +8,7 @@ import pytest
 
 from unstable.agents.scripted import RandomAgent
 from unstable.buffer import StepBuffer
+from unstable.buffer.config import BufferConfig
 from unstable.buffer.step_buffer import steps_to_add
 from unstable.collector import Collector
 from unstable.collector.collector import RECORDS_ENV
@@ -19,7 +20,7 @@ from unstable.games.vines import VineConfig, play_vined_episode, vine_returns
 from unstable.pool import ModelPool
 from unstable.pool.config import PoolConfig
 from unstable.records import Decision, EnvSpec, GameRecord, Opponent, Step
-from unstable.rewards import BaselineByGroup, WinDrawLossFormatter
+from unstable.rewards import BaselineByGroup
 from unstable.runtime import train
 from unstable.tracking import Tracker, keys
 
@@ -181,7 +182,7 @@ def test_vine_stats_measure_cost_share_and_spread():
 def test_collector_sends_vines_to_the_buffer_and_one_game_to_the_ratings(tmp_path):
     pool = ModelPool(PoolConfig(sample_mode="mirror"))
     pool.add_checkpoint(path=None, iteration=-1)
-    buffer = StepBuffer(max_buffer_size=512, final_reward_transformation=WinDrawLossFormatter())
+    buffer = StepBuffer(BufferConfig(max_buffer_size=512))
     cfg = CollectorConfig(training_envs=[TICTACTOE], vines=VineConfig(rollouts=2))
     collector = Collector(_FakeEngine(), pool, buffer, Tracker(tmp_path), cfg, seed=1)
     game = collector.play_one(is_eval=False)
@@ -196,7 +197,8 @@ def test_games_against_an_api_model_grow_no_vines(tmp_path):
     pool = ModelPool(PoolConfig(sample_mode="mirror"))
     pool.add_checkpoint(path=None, iteration=-1)
     cfg = CollectorConfig(training_envs=[TICTACTOE], vines=VineConfig(rollouts=2))
-    collector = Collector(_FakeEngine(), pool, StepBuffer(max_buffer_size=64), Tracker(tmp_path), cfg, seed=1)
+    buffer = StepBuffer(BufferConfig(max_buffer_size=64))
+    collector = Collector(_FakeEngine(), pool, buffer, Tracker(tmp_path), cfg, seed=1)
     agents, scripted = _agents(), [Opponent("random", fixed="random")]
     assert len(collector._play(TICTACTOE, agents, 3, False, (0,), scripted)) > 1
     api = [Opponent("api:org/model", api_model="org/model")]  # each vine move would be a paid request

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
@@ -31,6 +33,16 @@ class TransformConfig(Settings):
         except TypeError as exc:
             raise ValueError(f"args {self.args} do not fit reward transform {self.name!r}: {exc}") from None
         return self
+
+
+@dataclass(frozen=True)
+class RewardStages:
+    """The StepBuffer's three reward stages, built: each a callable (a `Compose...RewardTransforms` of the registry's
+    transforms, or any callable of an original-API script), None for an empty stage."""
+
+    final: Callable | None = None
+    step: Callable | None = None
+    sampling: Callable | None = None
 
 
 class BufferConfig(Settings):
@@ -67,8 +79,8 @@ class BufferConfig(Settings):
         first = {"name": "DiscountLaterDecisions", "args": {"discount": discount}}
         return data | {"step_reward_transforms": [first, *data.get("step_reward_transforms", [])]}
 
-    def transform_stages(self) -> dict[str, Any]:
-        """The StepBuffer's `*_reward_transformation` arguments built from the registry (an empty stage: None)."""
+    def transform_stages(self) -> RewardStages:
+        """The three stages built from the registry (an empty stage: None)."""
         from unstable.rewards import (
             ComposeFinalRewardTransforms,
             ComposeSamplingRewardTransforms,
@@ -79,8 +91,8 @@ class BufferConfig(Settings):
         def stage(items: list[TransformConfig], compose):
             return compose([build_transform(t.name, t.args) for t in items]) if items else None
 
-        return {
-            "final_reward_transformation": stage(self.final_reward_transforms, ComposeFinalRewardTransforms),
-            "step_reward_transformation": stage(self.step_reward_transforms, ComposeStepRewardTransforms),
-            "sampling_reward_transformation": stage(self.sampling_reward_transforms, ComposeSamplingRewardTransforms),
-        }
+        return RewardStages(
+            final=stage(self.final_reward_transforms, ComposeFinalRewardTransforms),
+            step=stage(self.step_reward_transforms, ComposeStepRewardTransforms),
+            sampling=stage(self.sampling_reward_transforms, ComposeSamplingRewardTransforms),
+        )

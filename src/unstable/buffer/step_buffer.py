@@ -8,34 +8,30 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from unstable.buffer.config import BufferConfig, RewardStages
 from unstable.records import GameRecord, Step, link_decisions
 from unstable.tracking import keys
 
 
 class StepBuffer:
-    """A bounded FIFO of training steps (oldest dropped first), filled through the reward transforms.
+    """A bounded FIFO of `cfg.max_buffer_size` training steps (oldest dropped first), filled through the reward stages.
 
     Only steps of the learner's seats that carry model tokens are kept; failed games add nothing. Each step starts
     from its player's final reward (after the final stage), carries the game's facts about its player's later
     decisions (`records.link_decisions`) and is labelled with its opponent (`Step.opponent`: the other seats'
     agent names) for per-opponent baselines, then goes through the step stage. `get_batch` removes a uniformly
     drawn batch and applies the sampling-stage transform to it; steps that share a `group_id` are drawn together,
-    so a group-relative baseline sees the whole group.
+    so a group-relative baseline sees the whole group. The stages are `cfg`'s transforms, built from the registry,
+    unless `stages` gives them built (an original-API script's callables, or none at all).
     """
 
-    def __init__(
-        self,
-        max_buffer_size: int,
-        final_reward_transformation: Callable | None = None,
-        step_reward_transformation: Callable | None = None,
-        sampling_reward_transformation: Callable | None = None,
-        seed: int = 0,
-    ):
-        self.max_buffer_size = max_buffer_size
-        self.final_transform = final_reward_transformation
-        self.step_transform = step_reward_transformation
-        self.sampling_transform = sampling_reward_transformation
-        self.steps: deque[Step] = deque(maxlen=max_buffer_size)
+    def __init__(self, cfg: BufferConfig | None = None, *, stages: RewardStages | None = None, seed: int = 0):
+        self.cfg = cfg or BufferConfig()
+        stages = stages if stages is not None else self.cfg.transform_stages()
+        self.final_transform = stages.final
+        self.step_transform = stages.step
+        self.sampling_transform = stages.sampling
+        self.steps: deque[Step] = deque(maxlen=self.cfg.max_buffer_size)
         self.counters = {
             keys.BUFFER_GAMES_ADDED: 0,
             keys.BUFFER_GAMES_SKIPPED: 0,
@@ -60,7 +56,7 @@ class StepBuffer:
             step = replace(step, reward=float(rewards[step.player_id]), opponent=_opponent(record, step.player_id))
             if self.step_transform is not None:
                 step = self.step_transform(step, env_id=record.env_id)
-            if len(self.steps) == self.max_buffer_size:
+            if len(self.steps) == self.cfg.max_buffer_size:
                 self.counters[keys.BUFFER_STEPS_DROPPED] += 1
             self.steps.append(step)
             added += 1
@@ -87,7 +83,7 @@ class StepBuffer:
 
     def room(self) -> int:
         """Steps it can still take before the next one added pushes out the oldest."""
-        return self.max_buffer_size - len(self.steps)
+        return self.cfg.max_buffer_size - len(self.steps)
 
     def get_batch(self, batch_size: int) -> list[Step]:
         """Remove and return `batch_size` uniformly drawn steps, after the sampling-stage transform."""
@@ -95,7 +91,7 @@ class StepBuffer:
             raise ValueError(f"asked for {batch_size} steps but the buffer holds {len(self.steps)}")
         chosen = self._draw(batch_size)
         batch = [s for i, s in enumerate(self.steps) if i in chosen]
-        self.steps = deque((s for i, s in enumerate(self.steps) if i not in chosen), maxlen=self.max_buffer_size)
+        self.steps = deque((s for i, s in enumerate(self.steps) if i not in chosen), maxlen=self.cfg.max_buffer_size)
         if self.sampling_transform is not None:
             batch = self.sampling_transform(batch)
         return batch
@@ -135,7 +131,7 @@ class StepBuffer:
 
     def metrics(self) -> dict[str, float]:
         """Counters, the current size and the capacity, for the tracker."""
-        return self.counters | {keys.BUFFER_SIZE: len(self.steps), keys.BUFFER_CAPACITY: self.max_buffer_size}
+        return self.counters | {keys.BUFFER_SIZE: len(self.steps), keys.BUFFER_CAPACITY: self.cfg.max_buffer_size}
 
 
 def _state(transform: Callable | None) -> Any:

@@ -37,6 +37,16 @@ from unstable.tracking import keys
 log = logging.getLogger(__name__)
 
 
+def learner_parts(
+    model_path: str, cfg: LearnerConfig, *, dtype: str = "float32", rank: int = 0
+) -> tuple[PolicyModel, DataParallel]:
+    """What a Learner is made of besides its algorithm: the policy model of `model_path` (weights in `dtype`) shaped by
+    `cfg.policy`, on `cfg.device` with `cfg.num_threads` torch threads, and rank `rank`'s place among the
+    `cfg.num_learners` data-parallel learners."""
+    policy = PolicyModel(model_path, cfg.policy, dtype=dtype, device=cfg.device, num_threads=cfg.num_threads)
+    return policy, DataParallel(rank, cfg.num_learners, cfg.device, cfg.sharding)
+
+
 class Learner:
     """Updates `policy` with `algorithm` under `cfg` (learning rate, gradient clip, staleness bound), as rank
     `parallel.rank` of `parallel.world_size` data-parallel learners (one by default)."""
@@ -57,10 +67,10 @@ class Learner:
     def build(
         cls, model_path: str, algorithm: BaseAlgo, cfg: LearnerConfig, *, dtype: str = "float32", rank: int = 0
     ) -> Learner:
-        """A Learner of `model_path` (weights in `dtype`) shaped by `cfg.policy`, on `cfg.device` with
-        `cfg.num_threads` torch threads, as rank `rank` of `cfg.num_learners` (it joins them with `parallel.join`)."""
-        policy = PolicyModel(model_path, cfg.policy, dtype=dtype, device=cfg.device, num_threads=cfg.num_threads)
-        return cls(policy, algorithm, cfg, DataParallel(rank, cfg.num_learners, cfg.device, cfg.sharding))
+        """A Learner of `model_path` (weights in `dtype`) as rank `rank` of `cfg.num_learners` (`learner_parts`; it
+        joins the others with `parallel.join`)."""
+        policy, parallel = learner_parts(model_path, cfg, dtype=dtype, rank=rank)
+        return cls(policy, algorithm, cfg, parallel)
 
     def initialize(self) -> None:
         """Load the model, build the optimizer, let the algorithm add its parameters, take rank 0's trainable

@@ -1,11 +1,10 @@
-"""The Ray actors: thin shells around the plain components, with the original API's constructor keywords.
+"""The Ray actors: thin shells around the plain components, each taking its component's settings section whole.
 
-This is the one place where the components become Ray actors and where the original API's keyword arguments are mapped
-onto each component's settings. Both front ends use these shells: original-API scripts (`unstable.Tracker.options(
-name="Tracker").remote(run_name=..., wandb_project=...)`, ...) and `runtime.topology.build_topology`, which the
-YAML/CLI path calls. Each shell subclasses its plain class, so every method of the component is an actor method;
-other actors' handles are wrapped in `RemoteProxy` so the plain code calls them like local objects. Shells reserve
-no Ray CPU (their work is waiting or is placed by GPUs), so a whole run fits on a 2-CPU machine.
+This is the one place where the components become Ray actors. `runtime.topology` starts them, as peers, for both
+front ends: the YAML/CLI path (`build_topology`) and the original API (`runtime.original_api`, which translates its
+keywords into the same sections). Each shell subclasses its plain class, so every method of the component is an
+actor method; other actors' handles are wrapped in `RemoteProxy` so the plain code calls them like local objects.
+Shells reserve no Ray CPU (their work is waiting or is placed by GPUs), so a whole run fits on a 2-CPU machine.
 
 Across nodes: the actors that write the run directory run on the driver's node (`runtime.topology`); an inference
 actor on another node gets the checkpoints written there through Ray's object store (`CheckpointSource`).
@@ -15,12 +14,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import logging
 import os
 import secrets
 import threading
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,21 +27,20 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from unstable.algorithms.base import BaseAlgo
 from unstable.buffer import StepBuffer
-from unstable.buffer.config import BufferConfig
+from unstable.buffer.config import BufferConfig, RewardStages
 from unstable.collector import Collector
-from unstable.collector.config import MAX_GAMES_IN_FLIGHT, CollectorConfig
-from unstable.config import ConfigError
+from unstable.collector.config import CollectorConfig
 from unstable.config.schema import check_model_path
 from unstable.inference import InferenceClient, InferenceConfig, InferenceServer
 from unstable.inference.checkpoints import CheckpointCache, CheckpointFiles
-from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyModel
-from unstable.learner.config import nest_flat_fields
+from unstable.learner import Learner, LearnerConfig, PolicyModel
+from unstable.learner.learner import learner_parts
 from unstable.learner.parallel import DataParallel, free_port
 from unstable.pool import ModelPool
 from unstable.pool.config import PoolConfig
 from unstable.runtime.loop import LearnerLoop
 from unstable.runtime.remote import RemoteProxy
-from unstable.tracking import Tracker, TrackerConfig, new_run_dir
+from unstable.tracking import Tracker, TrackerConfig
 from unstable.tracking.sinks import make_sinks
 
 log = logging.getLogger(__name__)
@@ -101,79 +98,33 @@ def _register_source(tracker) -> None:
 
 @ray.remote(**SHELL)
 class TrackerActor(Tracker):
-    """The original API's `Tracker(run_name, wandb_project)`: a run directory `runs_dir/run_name` (the next free
-    `-2`, `-3`, ... when taken) or `run_dir` as given. The YAML path passes its `cfg` (a TrackerConfig);
-    the original API's keywords make one: W&B only with `wandb_project` (in `wandb_mode`, default 'auto')."""
+    """The Tracker of the run directory `run_dir` under `cfg`, its W&B run (if any) named `run_name`."""
 
-    def __init__(
-        self,
-        run_name: str = "run",
-        wandb_project: str | None = None,
-        *,
-        run_dir: str | None = None,
-        runs_dir: str = "runs",
-        wandb_mode: str | None = None,
-        cfg: TrackerConfig | None = None,
-    ):
-        directory = Path(run_dir) if run_dir else new_run_dir(Path(runs_dir) / run_name)
-        if cfg is None:
-            wandb = {"wandb": wandb_mode or "auto", "wandb_project": wandb_project}
-            cfg = TrackerConfig(**(wandb if wandb_project else {"wandb": "disabled"}))
+    def __init__(self, cfg: TrackerConfig, run_dir: str, run_name: str):
+        directory = Path(run_dir)
         super().__init__(directory, make_sinks(cfg, directory, run_name), cfg)
         log_to_run_dir(directory, "tracker")
 
 
 @ray.remote(**SHELL)
 class StepBufferActor(StepBuffer):
-    """The original API's `StepBuffer(max_buffer_size, tracker, final/step/sampling_reward_transformation)`."""
+    """The StepBuffer under `cfg`, its reward stages built from `cfg` unless given built (`stages`); `tracker` (an
+    actor handle, or None) reads its metrics into every row."""
 
-    def __init__(
-        self,
-        max_buffer_size: int = BufferConfig.model_fields["max_buffer_size"].default,
-        tracker=None,
-        final_reward_transformation=None,
-        step_reward_transformation=None,
-        sampling_reward_transformation=None,
-        seed: int = 0,
-    ):
-        super().__init__(
-            max_buffer_size,
-            final_reward_transformation=final_reward_transformation,
-            step_reward_transformation=step_reward_transformation,
-            sampling_reward_transformation=sampling_reward_transformation,
-            seed=seed,
-        )
+    def __init__(self, cfg: BufferConfig, tracker=None, *, stages: RewardStages | None = None, seed: int = 0):
+        super().__init__(cfg, stages=stages, seed=seed)
         _register_source(tracker)
         _log_with(tracker, "step_buffer")
 
 
 @ray.remote(**SHELL)
 class ModelPoolActor(ModelPool):
-    """The original API's `ModelPool(sample_mode=..., max_active_lora=..., tracker=...)`: every `PoolConfig` field by
-    keyword (its defaults when left out)."""
+    """The ModelPool under `cfg`; `tracker` (an actor handle, or None) reads its metrics into every row."""
 
-    def __init__(self, tracker=None, seed: int = 0, **settings):
-        super().__init__(PoolConfig(**settings), seed=seed)
+    def __init__(self, cfg: PoolConfig, tracker=None, *, seed: int = 0):
+        super().__init__(cfg, seed=seed)
         _register_source(tracker)
         _log_with(tracker, "model_pool")
-
-
-def inference_from_vllm_config(vllm_config: dict[str, Any]) -> tuple[str, InferenceConfig]:
-    """The original API's `vllm_config` as (model path, InferenceConfig): vLLM when it is installed, else the embedded
-    transformers backend (said in a log line). Keys: model_name, max_parallel_seq, max_tokens, max_loras,
-    lora_config, max_model_len, and optionally any InferenceConfig field."""
-    settings = dict(vllm_config)
-    model = settings.pop("model_name")
-    renamed = {"max_parallel_seq": "max_batch_size", "max_tokens": "max_new_tokens"}
-    settings = {renamed.get(k, k): v for k, v in settings.items() if k != "lora_config"}
-    if "backend" not in settings:
-        has_vllm = importlib.util.find_spec("vllm") is not None
-        settings["backend"] = "vllm" if has_vllm else "transformers"
-        why = "vLLM is installed" if has_vllm else "vLLM is not installed: the embedded transformers backend serves"
-        log.warning("inference backend: %s (%s)", settings["backend"], why)
-    if "num_gpus" not in settings:
-        settings["num_gpus"] = 1.0 if ray.cluster_resources().get("GPU", 0) else 0.0
-    return model, InferenceConfig(**settings)
 
 
 @ray.remote(**SHELL, max_concurrency=CONTROL_CALLS)
@@ -182,80 +133,57 @@ class CheckpointSource(CheckpointFiles):
     on other nodes; the chunks reach them through Ray's object store."""
 
 
+@dataclass(frozen=True)
+class InferenceGroup:
+    """A run's started inference server actors (`topology.start_inference_group`), serving the base model at
+    `model_path` under `cfg`: the collector sends its games' requests to them (`client`), the learner hands them each
+    new policy."""
+
+    servers: list
+    cfg: InferenceConfig
+    model_path: str
+
+    def client(self) -> InferenceClient:
+        """A client that routes requests over the servers by `cfg.routing`, those of an actor that died to the
+        others (`_actor_gone`)."""
+        proxies = [RemoteProxy(server) for server in self.servers]
+        return InferenceClient(proxies, by_game=self.cfg.routing == "game", unavailable=_actor_gone)
+
+
 @ray.remote(**SHELL, max_concurrency=8)
 class CollectorActor(Collector):
-    """The original API's `Collector(num_actors, step_buffer, model_pool, tracker, vllm_config, training_envs,
-    evaluation_envs, evaluation_opponent)`: it starts `num_actors` inference servers itself.
+    """The Collector under `cfg`, its games' moves asked of the inference group `inference`.
 
-    The YAML path passes `model_path`, `inference` (an InferenceConfig) and `lora_rank` (the largest adapter rank
-    served, `RunConfig.served_lora_rank`) instead of `vllm_config` (whose `lora_config` holds the rank). Any other
-    `CollectorConfig` field (max_turns, group_size, evaluation_opponents, ...) by keyword; envs as `(env_id,
-    players, template)`; the original API's one `evaluation_opponent` is the list of that opponent. Finished games go to
-    the buffer, the pool and the tracker without waiting for an answer; per game the collector waits only for its
-    opponents (`ModelPool.sample_match`). A resumed run passes the learner step it resumed from as `resume_step`:
-    its games and inference actors then draw seeds that no earlier session of the run used. `checkpoint_node` is
-    the Ray node whose disk holds the checkpoints (None: every inference actor's node sees their paths).
+    Finished games go to the buffer, the pool and the tracker without waiting for an answer; per game the collector
+    waits only for its opponents (`ModelPool.sample_match`). A resumed run passes the learner step it resumed from as
+    `resume_step`: its games then draw seeds that no earlier session of the run used.
     """
 
     def __init__(
         self,
-        num_actors: int | None = None,
-        step_buffer=None,
-        model_pool=None,
-        tracker=None,
-        vllm_config: dict[str, Any] | None = None,
+        cfg: CollectorConfig,
+        inference: InferenceGroup,
+        step_buffer,
+        model_pool,
+        tracker,
         *,
-        evaluation_opponent: str | None = None,
-        model_path: str | None = None,
-        inference: InferenceConfig | None = None,
-        dtype: str = "float32",
         seed: int = 0,
         resume_step: int = 0,
-        lora_rank: int | None = None,
-        checkpoint_node: str | None = None,
-        **settings,
     ):
         _log_with(tracker, "collector")
-        if vllm_config is not None:
-            model_path, inference = inference_from_vllm_config(vllm_config)
-            lora_rank = (vllm_config.get("lora_config") or {}).get("lora_rank")
-        if model_path is None or inference is None:
-            raise ValueError("Collector needs vllm_config (or model_path and inference)")
-        if num_actors is not None:
-            inference = inference.model_copy(update={"num_actors": num_actors})
-        if evaluation_opponent is not None:
-            settings["evaluation_opponents"] = [evaluation_opponent]
-        cfg = CollectorConfig(**settings)
-        # the original API names its games in flight later, in `collect(num_workers)`: any number up to the bound
-        games = MAX_GAMES_IN_FLIGHT if vllm_config is not None else cfg.requests_in_flight()
-        self._start_error: str | None = None
-        try:
-            servers = _start_servers(model_path, inference, dtype, seed, resume_step, lora_rank, games, checkpoint_node)
-        except ConfigError as exc:  # said by `inference_servers`, the driver's first call, as one line
-            self._start_error = str(exc)
-            return
-        self._servers = servers
-        proxies = [RemoteProxy(server) for server in servers]
-        client = InferenceClient(proxies, by_game=inference.routing == "game", unavailable=_actor_gone)
+        client = inference.client()
         super().__init__(
             client,
             RemoteProxy(model_pool, fire_and_forget={"record_game", "hold", "release"}),
             RemoteProxy(step_buffer, fire_and_forget={"add_game"}),
             RemoteProxy(tracker, fire_and_forget={"add_game"}),
             cfg,
-            tokenizer=_chat_tokenizer(cfg, model_path),
+            tokenizer=_chat_tokenizer(cfg, inference.model_path),
             seed=seed,
             resume_step=resume_step,
         )
         ray.get(tracker.add_source.remote(client))
         _register_source(tracker)  # the games held back by pacing
-
-    def inference_servers(self) -> list:
-        """The inference server actors this collector started (the learner hands them new weights); raises the
-        ConfigError of an engine that did not start (the collector is then not started either)."""
-        if self._start_error is not None:
-            raise ConfigError(self._start_error)
-        return self._servers
 
 
 # the threads of an inference actor created without `max_concurrency` (a run sizes it to its games in flight): Ray
@@ -269,10 +197,10 @@ class InferenceServerActor(InferenceServer):
     """An inference server Ray restarts (up to `InferenceConfig.max_restarts` times) when its process dies.
 
     `backend_factory(seed=...)` builds its engine, sampling from the stream `seed` names (one per actor, see
-    `_start_servers`). A restarted one loads its engine again at once, with `seed` mixed with a fresh restart nonce
-    so it does not replay the stream its dead process began. Meanwhile the collector's `InferenceClient` sends its
-    requests to the other actors (`_actor_gone`); with none, the games waiting on it fail (counted in
-    `collector/failed_games` and by cause) and the collector starts new games in their place.
+    `topology.start_inference_group`). A restarted one loads its engine again at once, with `seed` mixed with a
+    fresh restart nonce so it does not replay the stream its dead process began. Meanwhile the collector's
+    `InferenceClient` sends its requests to the other actors (`_actor_gone`); with none, the games waiting on it fail
+    (counted in `collector/failed_games` and by cause) and the collector starts new games in their place.
 
     An actor on another node than `checkpoint_node` (the node whose disk holds the checkpoints; None: every node
     sees them) loads every checkpoint from a node-local cache, fetched from `source` (a `CheckpointSource` there).
@@ -284,7 +212,7 @@ class InferenceServerActor(InferenceServer):
         restarted = ray.get_runtime_context().was_current_actor_reconstructed
         if restarted:
             nonce = secrets.randbits(32)
-            seed = _mixed_seed(seed, nonce)
+            seed = mixed_seed(seed, nonce)
             log.warning(
                 "inference server restarted after its process died: loading the engine again, sampling seed %d "
                 "(restart nonce %d)",
@@ -317,91 +245,11 @@ def _checkpoint_cache(cfg: InferenceConfig, checkpoint_node: str | None, source)
     return cache
 
 
-def _mixed_seed(*parts: int) -> int:
-    """A 32-bit seed hashed from `parts` (vLLM also seeds numpy with it, which takes 32 bits)."""
+def mixed_seed(*parts: int) -> int:
+    """A 32-bit seed hashed from `parts` (vLLM also seeds numpy with it, which takes 32 bits): an inference actor's
+    own sampling stream."""
     digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=4).digest()
     return int.from_bytes(digest, "little")
-
-
-def _start_servers(
-    model_path: str,
-    inference: InferenceConfig,
-    dtype: str,
-    seed: int,
-    resume_step: int = 0,
-    lora_rank: int | None = None,
-    requests_in_flight: int = MAX_GAMES_IN_FLIGHT,
-    checkpoint_node: str | None = None,
-) -> list:
-    """`inference.num_actors` started inference server actors, serving adapters up to `lora_rank`, each sampling
-    with its own seed, mixed from the run's `seed`, its index and `resume_step` (0 for a fresh run): no two actors,
-    nor two sessions of a resumed run, share a stream. The seeds are logged. Each actor gets a Ray thread per
-    request the collector may have in flight (`CollectorConfig.requests_in_flight`, vines included) and
-    `CONTROL_CALLS` more: Ray makes every thread of a threaded actor, and over a long run each one is used and its
-    stack touched (4,096 threads grew the soak's inference actor by ~0.1 MB per learner step). Each actor needs
-    `inference.resources` besides its GPUs; one placed on another node than `checkpoint_node` gets the checkpoints
-    from a `CheckpointSource` started there."""
-    from unstable.inference import make_backend
-
-    needed, have = inference.num_gpus * inference.num_actors, ray.cluster_resources().get("GPU", 0.0)
-    if needed > have:
-        raise ValueError(
-            f"{inference.num_actors} inference actors with {inference.num_gpus} GPU each need {needed} GPUs; "
-            f"the Ray cluster has {have}"
-        )
-    factory = functools.partial(make_backend, model_path, inference, dtype=dtype, lora_rank=lora_rank)
-    seeds = [_mixed_seed(seed, index, resume_step) for index in range(inference.num_actors)]
-    log.warning("inference actors sample with seeds %s (run seed %d, resume step %d)", seeds, seed, resume_step)
-    source = None
-    if checkpoint_node is not None:
-        source = CheckpointSource.options(scheduling_strategy=on_node(checkpoint_node)).remote()
-    servers = [
-        InferenceServerActor.options(
-            num_gpus=inference.num_gpus,
-            resources=inference.resources,
-            max_restarts=inference.max_restarts,
-            max_concurrency=requests_in_flight + CONTROL_CALLS,
-        ).remote(factory, inference, actor_seed, checkpoint_node, source)
-        for actor_seed in seeds
-    ]
-    try:
-        calls = [server.start.remote() for server in servers]
-        for server, call in zip(servers, calls):
-            _start_surviving_restarts(server, call, inference.max_restarts)
-    except ray.exceptions.RayError as exc:  # one line for the user: the engine's own first words, not Ray's trace
-        cause = getattr(exc, "cause", None) or exc
-        raise ConfigError(
-            f"inference.backend = {inference.backend}: the inference engine did not start: {_first_line(cause)}"
-        ) from exc
-    return servers
-
-
-ENGINE_START_S = 1800.0  # the longest an inference actor may take to start, restarts included
-
-
-def _start_surviving_restarts(server, call, max_restarts: int) -> None:
-    """Wait for `call`, the inference actor `server`'s `start`. An actor whose process died while starting (killed,
-    not refused by its engine) is restarted by Ray up to `max_restarts` times: start it again (`start` is idempotent;
-    a restarted actor starts itself) instead of failing the run's start."""
-    deaths, deadline = 0, time.monotonic() + ENGINE_START_S
-    while True:
-        try:
-            return ray.get(call)
-        except ray.exceptions.ActorUnavailableError:  # restarting now: ask again in a moment
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1.0)
-        except ray.exceptions.RayActorError:  # its process died
-            deaths += 1
-            if deaths > max_restarts:
-                raise
-        call = server.start.remote()
-
-
-def _first_line(exc: BaseException) -> str:
-    """`exc`'s type and the first line of its message."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 def _chat_tokenizer(cfg: CollectorConfig, model_path: str):
@@ -413,77 +261,40 @@ def _chat_tokenizer(cfg: CollectorConfig, model_path: str):
     return AutoTokenizer.from_pretrained(model_path)
 
 
-def learner_config_from_original_api(
-    lora_cfg: dict[str, Any] | None = None,
-    full_finetune: bool = False,
-    activation_checkpointing: bool = False,
-    **settings,
-) -> LearnerConfig:
-    """The original API's StandardLearner keywords as a LearnerConfig: `lora_cfg` is `policy.lora`, `full_finetune`
-    is `policy.lora: null`, `activation_checkpointing` is `policy.gradient_checkpointing` (one switch in
-    transformers); every other keyword (batch_size, mini_batch_size, learning_rate, grad_clip, max_train_len, ...)
-    is the field of its name in LearnerConfig or in its `policy` or `optimizer` part. A keyword left out takes the
-    default, as a field left out of `learner:` does."""
-    if full_finetune:
-        settings["lora"] = None
-    elif lora_cfg is not None:
-        settings["lora"] = LoraConfig(**lora_cfg)
-    if activation_checkpointing:
-        settings["gradient_checkpointing"] = True
-    return LearnerConfig(**nest_flat_fields(settings))  # its policy's and optimizer's fields go to their sections
-
-
 @ray.remote(**SHELL)
 class LearnerActor(LearnerLoop):
-    """The original API's `StandardLearner(model_name, step_buffer, model_pool, tracker, algorithm, batch_size, ...)`.
+    """The learner loop under `cfg`, training the base model at `model_path` (weights in `dtype`) with `algorithm`:
+    rank 0 of the learner group (`topology.start_learner_group`).
 
-    `max_generation_len` becomes the algorithm's (Dr. GRPO's constant) when the algorithm has none. The YAML
-    path passes a whole `cfg` instead of the original API's keywords. Checkpoints go under the tracker's run directory.
-    The model trains on cuda when Ray gave this actor a GPU and torch sees one. It has no sampling settings of its
-    own: each step is scored under the temperature and top_p it was sampled with (the Collector's `vllm_config`).
-    With `num_learners` > 1 it is rank 0 of that many data-parallel learners: it starts the other ranks' actors
-    (`LearnerRankActor`, each with `num_gpus`) and joins them in one process group at its node's address. Given
-    `inference_servers` (the YAML path's) and `cfg.weight_handover` 'memory', it hands each new policy to them through
-    Ray's object store (`hand_over`); else they load each checkpoint's folder.
+    Checkpoints go under the tracker's run directory. The model trains on cuda when `cfg.num_gpus` says so, or when
+    Ray gave this actor GPUs that torch sees (`_on_given_gpus`). It has no sampling settings of its own: each step is
+    scored under the temperature and top_p it was sampled with. Given the other ranks' actors (`ranks`, in rank
+    order: `LearnerRankActor`s) it joins them in one process group at its node's address and calls them with its
+    own learner (`RankZeroLearner`). Given `inference_servers` and `cfg.weight_handover` 'memory', it hands each
+    new policy to them through Ray's object store (`hand_over`); else they load each checkpoint's folder.
     """
 
     def __init__(
         self,
-        model_name: str,
+        cfg: LearnerConfig,
+        model_path: str,
         step_buffer,
         model_pool,
         tracker,
-        algorithm: BaseAlgo | None = None,
+        algorithm: BaseAlgo,
         *,
-        cfg: LearnerConfig | None = None,
-        max_generation_len: int | None = None,
         dtype: str = "float32",
         inference_servers: list | None = None,
-        **original_kwargs,
+        ranks: list | None = None,
     ):
-        import torch
-
-        from unstable.algorithms import Reinforce
-
-        cfg = cfg or learner_config_from_original_api(**original_kwargs)
-        if ray.get_gpu_ids() and torch.cuda.is_available() and not cfg.num_gpus:
-            cfg = cfg.model_copy(update={"num_gpus": float(len(ray.get_gpu_ids()))})
-        algorithm = algorithm or Reinforce()
-        if max_generation_len is not None and getattr(algorithm, "max_generation_len", 0) is None:
-            algorithm.max_generation_len = max_generation_len
-        policy = PolicyModel(model_name, cfg.policy, dtype=dtype, device=cfg.device, num_threads=cfg.num_threads)
+        cfg = _on_given_gpus(cfg)
+        policy, parallel = learner_parts(model_path, cfg, dtype=dtype)
         run_dir = ray.get(tracker.get_run_dir.remote())
         log_to_run_dir(run_dir, "learner")
-        if cfg.num_learners > 1:
-            ranks = [
-                LearnerRankActor.options(**rank_options(rank, cfg.num_gpus)).remote(
-                    model_name, algorithm, cfg, rank, run_dir, dtype
-                )
-                for rank in range(1, cfg.num_learners)
-            ]
-            learner = RankZeroLearner(policy, algorithm, cfg, ranks)
+        if ranks:
+            learner = RankZeroLearner(policy, algorithm, cfg, parallel, ranks)
         else:
-            learner = Learner(policy, algorithm, cfg)
+            learner = Learner(policy, algorithm, cfg, parallel)
         in_memory = inference_servers and cfg.weight_handover == "memory"
         super().__init__(
             learner,
@@ -516,19 +327,15 @@ def hand_over(servers: list, checkpoint, served) -> bool:
         return False
 
 
-def rank_options(rank: int, num_gpus: float) -> dict[str, Any]:
-    """Ray options of data-parallel learner `rank` (> 0), called in rank 0's actor: its bundle of rank 0's placement
-    group when rank 0 runs in one (learners with GPUs, `topology._learner_placement`), else anywhere with
-    `num_gpus`."""
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+def _on_given_gpus(cfg: LearnerConfig) -> LearnerConfig:
+    """`cfg`, with `num_gpus` the GPUs Ray gave this learner actor when it has some that torch sees and `cfg` names
+    none (the original API gives them in the actor's options, `StandardLearner.options(num_gpus=1)`): the model then
+    trains on cuda."""
+    import torch
 
-    group = ray.util.get_current_placement_group()
-    if group is None:
-        return {"num_gpus": num_gpus}
-    return {
-        "num_gpus": num_gpus,
-        "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
-    }
+    if ray.get_gpu_ids() and torch.cuda.is_available() and not cfg.num_gpus:
+        return cfg.model_copy(update={"num_gpus": float(len(ray.get_gpu_ids()))})
+    return cfg
 
 
 RANK_POLL_S = 0.5  # how often rank 0 looks at the other ranks' calls while its own runs
@@ -555,15 +362,17 @@ def _leaving_on_failure(method):
 
 @ray.remote(**SHELL)
 class LearnerRankActor(Learner):
-    """Rank `rank` (> 0) of `cfg.num_learners` data-parallel learners, started by the rank-0 `LearnerActor`, which
-    calls it together with its own learner (`RankZeroLearner`): it trains on its shard of each batch and saves,
-    registers and logs nothing. Its warnings go to `run_dir/logs/learner-<rank>.log`. A call that fails leaves the
-    process group, so the others fail at once (`_leaving_on_failure`)."""
+    """Rank `rank` (> 0) of the `cfg.num_learners` data-parallel learners of the learner group
+    (`topology.start_learner_group`), whose rank 0 (the `LearnerActor`) calls it together with its own learner
+    (`RankZeroLearner`): it trains on its shard of each batch and saves, registers and logs nothing. Its warnings go
+    to `logs/learner-<rank>.log` in the run directory of `tracker`. A call that fails leaves the process group, so
+    the others fail at once (`_leaving_on_failure`)."""
 
-    def __init__(self, model_name: str, algorithm: BaseAlgo, cfg: LearnerConfig, rank: int, run_dir: str, dtype: str):
-        log_to_run_dir(run_dir, f"learner-{rank}")
-        policy = PolicyModel(model_name, cfg.policy, dtype=dtype, device=cfg.device, num_threads=cfg.num_threads)
-        super().__init__(policy, algorithm, cfg, DataParallel(rank, cfg.num_learners, cfg.device, cfg.sharding))
+    def __init__(self, cfg: LearnerConfig, model_path: str, algorithm: BaseAlgo, rank: int, tracker, dtype: str):
+        _log_with(tracker, f"learner-{rank}")
+        cfg = _on_given_gpus(cfg)
+        policy, parallel = learner_parts(model_path, cfg, dtype=dtype, rank=rank)
+        super().__init__(policy, algorithm, cfg, parallel)
 
     def join(self, address: str, port: int) -> None:
         """Join the learners' process group at rank 0's `address:port`."""
@@ -587,13 +396,15 @@ class LearnerRankActor(Learner):
 
 
 class RankZeroLearner(Learner):
-    """Rank 0 of data-parallel learners, inside the `LearnerActor`: the calls every rank makes together (joining,
-    `initialize` with its weight broadcast, `train_step`, `load_state_dict`, and with a sharded model
-    `save_checkpoint` and `state_dict`) are sent to the other ranks' actors
-    (`ranks`, in rank order) and then run here, since the collectives inside them wait for every rank."""
+    """Rank 0 of data-parallel learners (`parallel`), inside the `LearnerActor`: the calls every rank makes together
+    (joining, `initialize` with its weight broadcast, `train_step`, `load_state_dict`, and with a sharded model
+    `save_checkpoint` and `state_dict`) are sent to the other ranks' actors (`ranks`, in rank order) and then run
+    here, since the collectives inside them wait for every rank."""
 
-    def __init__(self, policy: PolicyModel, algorithm: BaseAlgo, cfg: LearnerConfig, ranks: list):
-        super().__init__(policy, algorithm, cfg, DataParallel(0, cfg.num_learners, cfg.device, cfg.sharding))
+    def __init__(
+        self, policy: PolicyModel, algorithm: BaseAlgo, cfg: LearnerConfig, parallel: DataParallel, ranks: list
+    ):
+        super().__init__(policy, algorithm, cfg, parallel)
         self.ranks = ranks
         address, port = ray.util.get_node_ip_address(), free_port()
         self._with_ranks("join", self.parallel.join, address, port)

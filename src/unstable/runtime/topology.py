@@ -1,7 +1,9 @@
-"""Builds the topology of a YAML/CLI run: every component as a Ray actor, each given its config section.
+"""Builds the topology of a run: every component as a Ray actor, each given its config section whole.
 
-No component constructs another. `build_topology(cfg, run_dir)` creates the actors of `runtime.actors` (the
-shells that original-API scripts create by hand) and returns their handles; `runtime.driver.run` drives them.
+No component constructs another. `build_topology(cfg, run_dir)` starts the shells of `runtime.actors` as peers
+(tracker, buffer, pool, the inference group, collector, the learner group) and returns their handles;
+`runtime.driver.run` drives them. The original API's actor classes (`runtime.original_api`) start the inference and
+learner groups through the same `start_inference_group` and `start_learner_group`.
 
 On a Ray cluster every actor that writes the run directory (Tracker, StepBuffer, ModelPool, Collector and the
 learner, which all log there, the learner also saving checkpoints and states) runs on the driver's node; only the
@@ -11,13 +13,22 @@ unless `run.shared_storage` says every node sees the run directory.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from unstable.collector.config import MAX_GAMES_IN_FLIGHT
 from unstable.config import ConfigError, RunConfig
+from unstable.inference.config import InferenceConfig
+
+if TYPE_CHECKING:
+    from unstable.algorithms.base import BaseAlgo
+    from unstable.learner import LearnerConfig
+    from unstable.runtime.actors import InferenceGroup
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +41,8 @@ class Topology:
     tracker: Any
     step_buffer: Any
     model_pool: Any
-    collector: Any  # it owns the inference servers
+    inference: InferenceGroup  # the inference server actors, handed to the collector and the learner
+    collector: Any
     learner: Any  # the learner loop
 
 
@@ -78,75 +90,149 @@ def init_ray(cfg: RunConfig) -> None:
 def build_topology(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> Topology:
     """Create every component as a Ray actor (Ray must be running) and wire them; returns their handles.
 
-    The actors are the shells of `runtime.actors`, the same ones original-API scripts create by hand; here each
-    gets its config section whole. A run resumed from learner step `resume_step` gives its collector that step,
-    so its games and inference actors draw seeds that no earlier session of the run used.
+    The tracker, buffer, pool, inference group, collector and learner are peers, each given its config section
+    whole; the inference group's handles go to the collector and the learner. A run resumed from learner step
+    `resume_step` gives its collector and inference actors that step, so they draw seeds that no earlier session
+    of the run used.
     """
     import ray
 
-    from unstable.runtime.actors import (
-        CollectorActor,
-        LearnerActor,
-        ModelPoolActor,
-        StepBufferActor,
-        TrackerActor,
-        on_node,
-    )
+    from unstable.runtime.actors import CollectorActor, ModelPoolActor, StepBufferActor, TrackerActor, on_node
 
     model_path = resolve_model_path(cfg)
     seed = cfg.run.seed
     driver_node = ray.get_runtime_context().get_node_id()
     others = _other_nodes(cfg, driver_node)
     _check_model_on(others, model_path)
-    learner_placement = _learner_placement(cfg, driver_node)  # refused before any actor starts
+    placements = learner_placements(cfg.learner, driver_node)  # refused before any actor starts
     here = on_node(driver_node)
     tracker = TrackerActor.options(name="Tracker", scheduling_strategy=here).remote(
-        cfg.run.name, run_dir=str(run_dir.resolve()), cfg=cfg.tracker
+        cfg.tracker, str(run_dir.resolve()), cfg.run.name
     )
-    buffer = StepBufferActor.options(name="StepBuffer", scheduling_strategy=here).remote(
-        cfg.buffer.max_buffer_size, tracker, **cfg.buffer.transform_stages(), seed=seed
-    )
-    pool = ModelPoolActor.options(name="ModelPool", scheduling_strategy=here).remote(
-        tracker=tracker, seed=seed, **cfg.pool.model_dump()
-    )
+    buffer = StepBufferActor.options(name="StepBuffer", scheduling_strategy=here).remote(cfg.buffer, tracker, seed=seed)
+    pool = ModelPoolActor.options(name="ModelPool", scheduling_strategy=here).remote(cfg.pool, tracker, seed=seed)
     ray.get(pool.add_checkpoint.remote(path=cfg.learner.policy.initial_lora_path, iteration=-1))
-    collector = CollectorActor.options(name="Collector", scheduling_strategy=here).remote(
-        step_buffer=buffer,
-        model_pool=pool,
-        tracker=tracker,
-        model_path=model_path,
-        inference=cfg.inference,
+    inference = start_inference_group(
+        cfg.inference,
+        model_path,
         dtype=cfg.model.dtype,
         seed=seed,
         resume_step=resume_step,
         lora_rank=cfg.served_lora_rank,
+        requests_in_flight=cfg.collector.requests_in_flight(),
         checkpoint_node=None if cfg.run.shared_storage or not others else driver_node,
-        **cfg.collector.model_dump(),
     )
-    learner = LearnerActor.options(name="Learner", **learner_placement).remote(
+    collector = CollectorActor.options(name="Collector", scheduling_strategy=here).remote(
+        cfg.collector, inference, buffer, pool, tracker, seed=seed, resume_step=resume_step
+    )
+    learner = start_learner_group(
+        cfg.learner,
         model_path,
         buffer,
         pool,
         tracker,
         cfg.learner.algorithm.build(),
-        cfg=cfg.learner,
+        placements=[placements[0] | {"name": "Learner"}, *placements[1:]],
         dtype=cfg.model.dtype,
-        inference_servers=_started(collector.inference_servers.remote()),
+        inference_servers=inference.servers,
     )
-    return Topology(run_dir, tracker, buffer, pool, collector, learner)
+    return Topology(run_dir, tracker, buffer, pool, inference, collector, learner)
 
 
-def _started(call) -> Any:
-    """`ray.get(call)`; a ConfigError the call raised (an inference engine that did not start) comes as its one line,
-    not Ray's traceback."""
+def start_inference_group(
+    inference: InferenceConfig,
+    model_path: str,
+    *,
+    dtype: str = "float32",
+    seed: int = 0,
+    resume_step: int = 0,
+    lora_rank: int | None = None,
+    requests_in_flight: int = MAX_GAMES_IN_FLIGHT,
+    checkpoint_node: str | None = None,
+) -> InferenceGroup:
+    """The inference group of a run: `inference.num_actors` started inference server actors of the base model at
+    `model_path` (weights in `dtype`), serving adapters up to `lora_rank`. The YAML path's builder and the original
+    API's Collector both start theirs here. Each actor samples with its own seed, mixed from the run's `seed`, its
+    index and `resume_step` (0 for a fresh run): no two actors, nor two sessions of a resumed run, share a stream.
+    The seeds are logged. Each actor gets a Ray thread per request the collector may have in flight
+    (`requests_in_flight`: `CollectorConfig.requests_in_flight`, vines included) and `CONTROL_CALLS` more: Ray makes
+    every thread of a threaded actor, and over a long run each one is used and its stack touched (4,096 threads grew
+    the soak's inference actor by ~0.1 MB per learner step). Each actor needs `inference.resources` besides its GPUs;
+    one placed on another node than `checkpoint_node` gets the checkpoints from a `CheckpointSource` started there.
+    Too few GPUs in the cluster, or an engine that does not start, raise a ConfigError of one line."""
     import ray
 
+    from unstable.inference import make_backend
+    from unstable.runtime.actors import (
+        CONTROL_CALLS,
+        CheckpointSource,
+        InferenceGroup,
+        InferenceServerActor,
+        mixed_seed,
+        on_node,
+    )
+
+    needed, have = inference.num_gpus * inference.num_actors, ray.cluster_resources().get("GPU", 0.0)
+    if needed > have:
+        raise ConfigError(
+            f"inference.num_actors = {inference.num_actors} x inference.num_gpus = {inference.num_gpus}: {needed} "
+            f"GPUs, but the Ray cluster has {have}"
+        )
+    factory = functools.partial(make_backend, model_path, inference, dtype=dtype, lora_rank=lora_rank)
+    seeds = [mixed_seed(seed, index, resume_step) for index in range(inference.num_actors)]
+    log.warning("inference actors sample with seeds %s (run seed %d, resume step %d)", seeds, seed, resume_step)
+    source = None
+    if checkpoint_node is not None:
+        source = CheckpointSource.options(scheduling_strategy=on_node(checkpoint_node)).remote()
+    servers = [
+        InferenceServerActor.options(
+            num_gpus=inference.num_gpus,
+            resources=inference.resources,
+            max_restarts=inference.max_restarts,
+            max_concurrency=requests_in_flight + CONTROL_CALLS,
+        ).remote(factory, inference, actor_seed, checkpoint_node, source)
+        for actor_seed in seeds
+    ]
     try:
-        return ray.get(call)
-    except ray.exceptions.RayTaskError as exc:
-        if isinstance(exc.cause, ConfigError):
-            raise ConfigError(str(exc.cause)) from None
-        raise
+        calls = [server.start.remote() for server in servers]
+        for server, call in zip(servers, calls):
+            _start_surviving_restarts(server, call, inference.max_restarts)
+    except ray.exceptions.RayError as exc:  # one line for the user: the engine's own first words, not Ray's trace
+        cause = getattr(exc, "cause", None) or exc
+        raise ConfigError(
+            f"inference.backend = {inference.backend}: the inference engine did not start: {_first_line(cause)}"
+        ) from exc
+    return InferenceGroup(servers, inference, model_path)
+
+
+ENGINE_START_S = 1800.0  # the longest an inference actor may take to start, restarts included
+
+
+def _start_surviving_restarts(server, call, max_restarts: int) -> None:
+    """Wait for `call`, the inference actor `server`'s `start`. An actor whose process died while starting (killed,
+    not refused by its engine) is restarted by Ray up to `max_restarts` times: start it again (`start` is idempotent;
+    a restarted actor starts itself) instead of failing the run's start."""
+    import ray
+
+    deaths, deadline = 0, time.monotonic() + ENGINE_START_S
+    while True:
+        try:
+            return ray.get(call)
+        except ray.exceptions.ActorUnavailableError:  # restarting now: ask again in a moment
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+        except ray.exceptions.RayActorError:  # its process died
+            deaths += 1
+            if deaths > max_restarts:
+                raise
+        call = server.start.remote()
+
+
+def _first_line(exc: BaseException) -> str:
+    """`exc`'s type and the first line of its message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 def _other_nodes(cfg: RunConfig, driver_node: str) -> list[dict[str, Any]]:
@@ -179,21 +265,21 @@ def _check_model_on(nodes: list[dict[str, Any]], model_path: str) -> None:
             )
 
 
-def _learner_placement(cfg: RunConfig, driver_node: str) -> dict[str, Any]:
-    """The learner's Ray options: on the driver's node (it writes the run directory); with GPUs, one placement
-    group for all `learner.num_learners` ranks, a bundle of `learner.num_gpus` each: rank 0's bundle on the driver's
-    node, the others packed onto as few nodes as possible (PACK), so each learner stays with its GPUs, the ranks sit
-    together where they fit, and they are reserved all at once or not at all. Rank 0 starts the other ranks in the
-    group's later bundles (`runtime.actors.rank_options`)."""
+def learner_placements(cfg: LearnerConfig, driver_node: str) -> list[dict[str, Any]]:
+    """The Ray options of each of the `cfg.num_learners` learner ranks, rank 0's first. Rank 0 runs on the driver's
+    node (it writes the run directory). With GPUs the ranks are one placement group, a bundle of `cfg.num_gpus` each:
+    rank 0's bundle on the driver's node, the others packed onto as few nodes as possible (PACK), so each learner
+    stays with its GPUs, the ranks sit together where they fit, and they are reserved all at once or not at all.
+    Learners without GPUs: the other ranks anywhere. Refused (ConfigError) when the cluster cannot hold them."""
     import ray
     from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from unstable.runtime.actors import on_node
 
-    gpus, ranks = cfg.learner.num_gpus, cfg.learner.num_learners
+    gpus, ranks = cfg.num_gpus, cfg.num_learners
     if not gpus:
-        return {"num_gpus": 0, "scheduling_strategy": on_node(driver_node)}
+        return [{"num_gpus": 0, "scheduling_strategy": on_node(driver_node)}] + [{"num_gpus": 0}] * (ranks - 1)
     nodes = [n for n in ray.nodes() if n["Alive"]]
     have = next(n["Resources"].get("GPU", 0) for n in nodes if n["NodeID"] == driver_node)
     if gpus > have:
@@ -212,10 +298,49 @@ def _learner_placement(cfg: RunConfig, driver_node: str) -> dict[str, Any]:
         strategy="PACK",
         bundle_label_selector=[{NODE_ID_LABEL_KEY: driver_node}] + [{}] * (ranks - 1),
     )
-    return {
-        "num_gpus": gpus,
-        "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
-    }
+    return [
+        {
+            "num_gpus": gpus,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
+        }
+        for rank in range(ranks)
+    ]
+
+
+def start_learner_group(
+    cfg: LearnerConfig,
+    model_path: str,
+    step_buffer,
+    model_pool,
+    tracker,
+    algorithm: BaseAlgo,
+    *,
+    placements: list[dict[str, Any]],
+    dtype: str = "float32",
+    inference_servers: list | None = None,
+) -> Any:
+    """The learner group: one actor per learner rank, each under its Ray options in `placements` (rank 0's first;
+    one per rank), all training the base model at `model_path` (weights in `dtype`) with `algorithm` under `cfg`.
+    The other ranks (`LearnerRankActor`s) start first and rank 0 (the `LearnerActor`, the loop, which joins them in
+    one process group) gets their handles; returns rank 0's. The YAML path's builder and the original API's
+    StandardLearner both start theirs here. `inference_servers`: see `LearnerActor`."""
+    from unstable.runtime.actors import LearnerActor, LearnerRankActor
+
+    ranks = [
+        LearnerRankActor.options(**options).remote(cfg, model_path, algorithm, rank, tracker, dtype)
+        for rank, options in enumerate(placements[1:], 1)
+    ]
+    return LearnerActor.options(**placements[0]).remote(
+        cfg,
+        model_path,
+        step_buffer,
+        model_pool,
+        tracker,
+        algorithm,
+        dtype=dtype,
+        inference_servers=inference_servers,
+        ranks=ranks,
+    )
 
 
 def _forwarded_env() -> dict[str, str]:
