@@ -349,7 +349,7 @@ def test_two_sharded_full_fine_tuning_learners_through_unstable_train_log_each_s
 def test_a_learner_rank_that_fails_stops_the_run_at_once_naming_it(tiny_model_dir, tmp_path, monkeypatch):
     """Rank 1 fails its first update while rank 0 waits for it in the gradients' all-reduce: the run stops with
     rank 1's error as its cause, exit status 1 (rank 0 waited for the collective timeout, 30 minutes, before)."""
-    from unstable.runtime.actors import FAIL_RANK_ENV
+    from unstable.runtime.learner_actors import FAIL_RANK_ENV
 
     overrides = tiny_run(tmp_path, tiny_model_dir, "failing-rank", "warm_start=null", "learner.num_learners=2")
     monkeypatch.setenv(FAIL_RANK_ENV, "1")

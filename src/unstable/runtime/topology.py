@@ -324,7 +324,7 @@ def start_learner_group(
     The other ranks (`LearnerRankActor`s) start first and rank 0 (the `LearnerActor`, the loop, which joins them in
     one process group) gets their handles; returns rank 0's. The YAML path's builder and the original API's
     StandardLearner both start theirs here. `inference_servers`: see `LearnerActor`."""
-    from unstable.runtime.actors import LearnerActor, LearnerRankActor
+    from unstable.runtime.learner_actors import LearnerActor, LearnerRankActor
 
     ranks = [
         LearnerRankActor.options(**options).remote(cfg, model_path, algorithm, rank, tracker, dtype)
