@@ -13,6 +13,7 @@ from unstable.agents.policy import PolicyAgent
 from unstable.agents.scripted import RandomAgent
 from unstable.algorithms import Reinforce
 from unstable.buffer import StepBuffer
+from unstable.buffer.config import BufferConfig
 from unstable.collector import Collector
 from unstable.collector.config import CollectorConfig
 from unstable.games import get_template, play_episode
@@ -20,7 +21,6 @@ from unstable.inference import InferenceConfig, InferenceServer, SamplingConfig,
 from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyConfig, PolicyModel
 from unstable.pool import ModelPool
 from unstable.records import Checkpoint, EnvSpec, GenerationRequest
-from unstable.rewards import WinDrawLossFormatter
 from unstable.runtime.loop import LearnerLoop
 from unstable.tracking import Tracker, keys
 
@@ -237,7 +237,7 @@ def test_new_checkpoint_is_hot_swapped_into_a_running_collection(engine, tiny_mo
     server.start()
     pool = ModelPool()
     pool.add_checkpoint(None, -1)
-    buffer = _LockedBuffer(64, final_reward_transformation=WinDrawLossFormatter())
+    buffer = _LockedBuffer(BufferConfig(max_buffer_size=64))  # final rewards: WinDrawLossFormatter, the default
     tracker = Tracker(tmp_path)
     collector = Collector(server, pool, buffer, tracker, CollectorConfig(training_envs=[TICTACTOE], max_turns=6))
     cfg = LearnerConfig(
