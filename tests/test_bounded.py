@@ -229,9 +229,10 @@ def test_no_actor_shell_makes_ray_keep_a_record_of_each_call():
     days of a run (measured: +1.8 MB per learner step in the soak). The shells are untraced."""
     import ray
 
-    from unstable.runtime import actors
+    from unstable.runtime import actors, learner_actors
 
-    shells = [obj for obj in vars(actors).values() if isinstance(obj, ray.actor.ActorClass)]
+    modules = (actors, learner_actors)
+    shells = {obj for module in modules for obj in vars(module).values() if isinstance(obj, ray.actor.ActorClass)}
     assert len(shells) == 8
     assert [s for s in shells if s._default_options.get("enable_task_events") is not False] == []
 
