@@ -124,7 +124,7 @@ def test_bf16_lora_keeps_the_frozen_base_in_bf16_and_the_adapter_in_float32(tiny
 
 
 @pytest.mark.slow
-def test_a_lora_warm_start_with_a_kl_penalty_starts_at_zero_kl(tiny_model_dir, tmp_path):
+def test_a_lora_warm_start_with_a_kl_penalty_starts_at_zero_kl_and_its_anchor_moves(tiny_model_dir, tmp_path):
     overrides = tiny_run(
         tmp_path,
         tiny_model_dir,
@@ -133,13 +133,19 @@ def test_a_lora_warm_start_with_a_kl_penalty_starts_at_zero_kl(tiny_model_dir, t
         "warm_start.epochs=1",
         "warm_start.learning_rate=0.01",  # a few SFT updates that move the adapter well away from the base
         "learner.policy.lora={lora_rank: 4, target_modules: [q_proj, v_proj, lm_head]}",
-        "learner.algorithm.args.ref_kl_coef=0.1",
+        "learner.num_steps=2",
+        "learner.algorithm.args={ref_kl_coef: 0.1, ref_reset_every: 1, importance_cap: 2.0}",
     )
     rows = []
     summary = train(load_config(EXAMPLE, overrides), on_row=rows.append)
     assert "warm-start" in summary.warm_start_checkpoint
-    (first,) = [row for row in rows if row[keys.STEP] == 1]
-    assert first[keys.REF_KL] < 1e-6  # the penalty measures the distance from the warm start, not the base model
+    first, second = ([row for row in rows if row.get(keys.STEP) == step] for step in (1, 2))
+    assert first[0][keys.REF_KL] < 1e-6  # the penalty measures the distance from the warm start, not the base model
+    assert 0.0 <= second[0][keys.IMPORTANCE_CAPPED_FRACTION] <= 1.0  # stale samples were reweighted
+    state = resume.load_part(tmp_path / "lora-warm-start" / "state" / "step-2", "learner")
+    assert state["algorithm"] == {"updates": 2}
+    for name, weight in state["reference"].items():  # the anchor moved to the policy of step 2, saved for resume
+        torch.testing.assert_close(weight, state["policy"][name], msg=name)
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ s'_i the state of the same player's next decision in the game (`Step.next_prompt
 
     G_i        = (1 - b) r_i + b V(s'_i)    if the player decides again, else r_i    (V(s'_i) without gradient)
     A_i        = G_i - V_i                                                           (V_i detached)
-    pg_loss    = -(1/N) sum_i A_i * sum_t log pi(a_it | s_i, a_i<t) / D
+    pg_loss    = -(1/N) sum_i A_i * sum_t w_it log pi(a_it | s_i, a_i<t) / D
     value_loss = (1/N) sum_i (V_i - G_i)^2
     loss       = pg_loss + value_coef * value_loss
 
@@ -16,7 +16,8 @@ wins at once stands out from the moves of a game won later, at the price of the 
 only at a game's end, so there is no discount on V(s'_i) (a `DiscountLaterDecisions` reward transform, if
 configured, already shapes r_i).
 The value loss trains the head and, through the shared hidden state, the policy's own weights. One optimizer
-step per batch; the head's parameters join the learner's optimizer (at `value_lr`). D as in `Reinforce`.
+step per batch; the head's parameters join the learner's optimizer (at `value_lr`). D and the truncated importance
+weights w (1 with `importance_cap` None) as in `Reinforce`.
 Data-parallel learners each take an equal shard of the batch (both losses are means over steps); the head's
 gradients are averaged with the policy's.
 """
@@ -25,11 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-from unstable.algorithms.base import BaseAlgo, normalized_sum
+from unstable.algorithms.base import BaseAlgo, check_importance, importance_metrics, importance_weights, normalized_sum
 from unstable.algorithms.batching import TokenBatch
 from unstable.algorithms.trainable import TrainablePolicy
 from unstable.algorithms.value import attach_value_head
@@ -47,9 +48,14 @@ class A2C(BaseAlgo):
         value_hidden_sizes: Sequence[int] = (),
         bootstrap: float = 0.0,
         max_generation_len: int | None = None,
+        importance_cap: float | None = None,
+        importance_level: Literal["token", "sequence"] = "token",
     ):
         if not 0.0 <= bootstrap <= 1.0:
             raise ValueError(f"bootstrap must be in [0, 1], got {bootstrap}")
+        check_importance(importance_cap, importance_level)
+        self.importance_cap = importance_cap
+        self.importance_level = importance_level
         self.value_coef = value_coef
         self.value_lr = value_lr
         self.value_hidden_sizes = tuple(value_hidden_sizes)
@@ -67,18 +73,23 @@ class A2C(BaseAlgo):
         n = len(steps)
         targets = self.targets(steps, policy)  # (N,)
         totals = {keys.LOSS: 0.0, keys.PG_LOSS: 0.0, keys.VALUE_LOSS: 0.0, keys.VALUE_MEAN: 0.0}
+        capped, tokens = 0.0, 0.0
         for batch in self.prepare_batch(steps, policy):
             out = policy.forward(batch, encodings=True)
             values = self.value_head(out.encodings)  # (b,)
             policy.track_ratios(out.logprobs, batch)
-            pg_loss, value_loss = self.loss(out.logprobs, values, targets[batch.rows].to(values.device), batch, n)
+            weights, batch_capped = importance_weights(out.logprobs, batch, self.importance_cap, self.importance_level)
+            capped, tokens = capped + batch_capped, tokens + float(batch.completion_mask.sum())
+            batch_targets = targets[batch.rows].to(values.device)
+            pg_loss, value_loss = self.loss(out.logprobs, values, batch_targets, batch, n, weights)
             loss = pg_loss + self.value_coef * value_loss
             loss.backward()
             totals[keys.LOSS] += loss.item()
             totals[keys.PG_LOSS] += pg_loss.item()
             totals[keys.VALUE_LOSS] += value_loss.item()
             totals[keys.VALUE_MEAN] += values.detach().sum().item() / n
-        return totals | {keys.GRAD_NORM: policy.optimizer_step()}
+        totals[keys.GRAD_NORM] = policy.optimizer_step()
+        return totals | importance_metrics(self.importance_cap, capped, tokens)
 
     @torch.no_grad()
     def targets(self, steps: list[Step], policy: TrainablePolicy) -> torch.Tensor:
@@ -98,11 +109,19 @@ class A2C(BaseAlgo):
         return targets
 
     def loss(
-        self, logp: torch.Tensor, values: torch.Tensor, targets: torch.Tensor, batch: TokenBatch, n: int
+        self,
+        logp: torch.Tensor,
+        values: torch.Tensor,
+        targets: torch.Tensor,
+        batch: TokenBatch,
+        n: int,
+        weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """This micro-batch's shares of pg_loss and value_loss over `n` steps, given its value targets G_i."""
+        """This micro-batch's shares of pg_loss and value_loss over `n` steps, given its value targets G_i (and each
+        token's importance weight, when given)."""
         advantages = targets - values.detach()  # (b,)
-        seq_logp = normalized_sum(logp, batch.completion_mask, self.max_generation_len)  # (b,)
+        weighted = logp if weights is None else logp * weights
+        seq_logp = normalized_sum(weighted, batch.completion_mask, self.max_generation_len)  # (b,)
         pg_loss = -(advantages * seq_logp).sum() / n
         value_loss = ((values - targets) ** 2).sum() / n
         return pg_loss, value_loss

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from unstable.algorithms.batching import TokenBatch
 from unstable.algorithms.trainable import TrainablePolicy
 from unstable.records import Step
+from unstable.tracking import keys
 
 
 class BaseAlgo(ABC):
@@ -76,3 +77,44 @@ def restore_rng(rng: random.Random, state) -> None:
     """Set `rng` to a saved `getstate()`, also when the state came back from JSON as nested lists."""
     version, internal, gauss = state
     rng.setstate((version, tuple(internal), gauss))
+
+
+IMPORTANCE_LEVELS = ("token", "sequence")
+
+
+def check_importance(cap: float | None, level: str) -> None:
+    """Raise ValueError, saying why, for an importance cap or level `importance_weights` cannot use."""
+    if cap is not None and cap < 1.0:
+        raise ValueError(f"importance_cap must be >= 1 (on-policy tokens have ratio 1) or None (off), got {cap}")
+    if level not in IMPORTANCE_LEVELS:
+        raise ValueError(f"importance_level must be one of {IMPORTANCE_LEVELS}, got {level!r}")
+
+
+def importance_weights(
+    logp: torch.Tensor, batch: TokenBatch, cap: float | None, level: Literal["token", "sequence"] = "token"
+) -> tuple[torch.Tensor | None, float]:
+    """Truncated importance weights `min(pi / mu, cap)` of the completion tokens, without gradient, `(B, L-1)`, and
+    how many completion tokens were capped; None and 0 when `cap` is None (no correction).
+
+    mu is the sampling policy (`batch.behaviour_logprobs`): a step sampled by an older policy version (or by an
+    engine whose numerics differ) is reweighted toward the policy being trained, as in truncated importance
+    sampling (TIS). `level` 'token' takes each token's own ratio; 'sequence' one ratio per row, the product over its
+    completion tokens, given to every token of the row. Zero outside the completion.
+    """
+    if cap is None:
+        return None, 0.0
+    mask = batch.completion_mask
+    log_ratio = (logp.detach() - batch.behaviour_logprobs) * mask  # (B, L-1)
+    if level == "sequence":
+        log_ratio = log_ratio.sum(-1, keepdim=True).expand_as(log_ratio)  # (B, L-1)
+    ratio = torch.exp(log_ratio)  # (B, L-1); inf where it overflows, which the cap takes
+    capped = float(((ratio > cap) * mask).sum())
+    return ratio.clamp(max=cap) * mask, capped
+
+
+def importance_metrics(cap: float | None, capped: float, tokens: float) -> dict[str, float]:
+    """`learner/importance_capped_fraction` of an update that capped `capped` of its `tokens` completion tokens;
+    nothing when the correction is off (`cap` None)."""
+    if cap is None:
+        return {}
+    return {keys.IMPORTANCE_CAPPED_FRACTION: capped / max(tokens, 1.0)}

@@ -17,6 +17,7 @@ import statistics
 from collections import Counter, defaultdict
 from collections.abc import Hashable
 from dataclasses import replace
+from typing import Literal
 
 from unstable.algorithms.reinforce import Reinforce
 from unstable.algorithms.trainable import TrainablePolicy
@@ -25,10 +26,20 @@ from unstable.tracking import keys
 
 
 class GroupBaseline(Reinforce):
-    """REINFORCE with group-relative advantages; `scale_by_std=False` is Dr. GRPO, True is GRPO."""
+    """REINFORCE with group-relative advantages; `scale_by_std=False` is Dr. GRPO, True is GRPO. The reference KL,
+    its moving anchor and the importance cap are `Reinforce`'s."""
 
-    def __init__(self, max_generation_len: int | None = None, scale_by_std: bool = False, eps: float = 1e-6):
-        super().__init__(max_generation_len)
+    def __init__(
+        self,
+        max_generation_len: int | None = None,
+        scale_by_std: bool = False,
+        eps: float = 1e-6,
+        ref_kl_coef: float = 0.0,
+        ref_reset_every: int | None = None,
+        importance_cap: float | None = None,
+        importance_level: Literal["token", "sequence"] = "token",
+    ):
+        super().__init__(max_generation_len, ref_kl_coef, ref_reset_every, importance_cap, importance_level)
         self.scale_by_std = scale_by_std
         self.eps = eps
 

@@ -1,24 +1,32 @@
 """REINFORCE: raise the log-likelihood of each completion in proportion to its (transformed) reward, optionally
-held near a reference policy (the warm start).
+held near a reference policy, with truncated importance weights for samples of older policies.
 
-    pg_loss     = -(1/N) sum_i A_i * sum_t log pi(a_it | s_i, a_i<t) / D
+    w_it        = min(pi(a_it | ...) / mu(a_it | ...), importance_cap)   (no gradient; 1 with importance_cap None)
+    pg_loss     = -(1/N) sum_i A_i * sum_t w_it log pi(a_it | s_i, a_i<t) / D
     ref_kl_loss = ref_kl_coef * KL(pi || pi_ref)      (k3 estimate on the sampled tokens, mean over tokens)
     loss        = pg_loss + ref_kl_loss
 
 A_i is the step's reward after the reward transforms (their baselines make it an advantage). D is the
 constant `max_generation_len` when given (Dr. GRPO's unbiased normaliser, as in the original API) or the completion's
-own length otherwise. The KL term (as in GRPO) keeps probability on moves the warm start plays, so a move whose
-value shows late (folding a Jack in Kuhn Poker) is still sampled when its gradient arrives. One optimizer step
-per batch, gradients accumulated over micro-batches. Data-parallel learners each take an equal shard of the batch:
-pg_loss is a mean over steps, so the shards' average is the batch's; the KL term is a token mean per micro-batch
-weighted by its rows, as with one learner whose micro-batches are the shards'.
+own length otherwise. mu is the policy that sampled the step: in an asynchronous run a step can be several policy
+versions old (`learner.max_staleness`), and w corrects its gradient toward the current policy's, truncated at the
+cap so that one unlikely token cannot dominate a batch (TIS; `importance_level` 'sequence' uses one ratio per
+completion). The KL term (as in GRPO) keeps probability on moves the reference plays, so a move whose value shows
+late (folding a Jack in Kuhn Poker) is still sampled when its gradient arrives. The reference is the warm start;
+with `ref_reset_every` M it becomes the current policy every M updates (a moving anchor, as R-NaD's regularisation
+policy), which damps the cycling of plain self-play without holding the policy near its start for ever.
+One optimizer step per batch, gradients accumulated over micro-batches. Data-parallel learners each take an equal
+shard of the batch: pg_loss is a mean over steps, so the shards' average is the batch's; the KL term is a token mean
+per micro-batch weighted by its rows, as with one learner whose micro-batches are the shards'.
 """
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 import torch
 
-from unstable.algorithms.base import BaseAlgo, normalized_sum
+from unstable.algorithms.base import BaseAlgo, check_importance, importance_metrics, importance_weights, normalized_sum
 from unstable.algorithms.batching import TokenBatch
 from unstable.algorithms.trainable import TrainablePolicy
 from unstable.records import Step
@@ -29,28 +37,46 @@ from unstable.tracking import keys
 class Reinforce(BaseAlgo):
     """Vanilla policy gradient on whole completions, with an optional KL penalty to the reference policy."""
 
-    def __init__(self, max_generation_len: int | None = None, ref_kl_coef: float = 0.0):
+    def __init__(
+        self,
+        max_generation_len: int | None = None,
+        ref_kl_coef: float = 0.0,
+        ref_reset_every: int | None = None,
+        importance_cap: float | None = None,
+        importance_level: Literal["token", "sequence"] = "token",
+    ):
         if ref_kl_coef < 0:
             raise ValueError(f"ref_kl_coef must be >= 0, got {ref_kl_coef}")
+        if ref_reset_every is not None and ref_reset_every < 1:
+            raise ValueError(f"ref_reset_every must be >= 1 or None (the reference stays put), got {ref_reset_every}")
+        check_importance(importance_cap, importance_level)
         self.max_generation_len = max_generation_len
         self.ref_kl_coef = ref_kl_coef
+        self.ref_reset_every = ref_reset_every
+        self.importance_cap = importance_cap
+        self.importance_level = importance_level
+        self.updates = 0  # optimizer steps taken, which time the anchor's resets
 
     def update(self, steps: list[Step], policy: TrainablePolicy) -> dict[str, float]:
         """One gradient step over the whole batch (this learner's shard of it)."""
         steps = policy.shard(steps)
         n = len(steps)
-        pg_loss_total, ref_kl_total = 0.0, 0.0
+        pg_loss_total, ref_kl_total, capped, tokens = 0.0, 0.0, 0.0, 0.0
         for batch in self.prepare_batch(steps, policy):
             logp = policy.forward(batch).logprobs  # (b, L-1)
             policy.track_ratios(logp, batch)
             share = len(batch.steps) / n
-            pg_loss = self.loss(logp, batch, n)
+            weights, batch_capped = importance_weights(logp, batch, self.importance_cap, self.importance_level)
+            pg_loss = self.loss(logp, batch, n, weights)
             ref_kl = self.reference_kl(logp, batch, policy)
             ref_kl_loss = self.ref_kl_coef * share * ref_kl
             (pg_loss + ref_kl_loss).backward()
             pg_loss_total += pg_loss.item()
             ref_kl_total += share * ref_kl.item()
+            capped += batch_capped
+            tokens += float(batch.completion_mask.sum())
         grad_norm = policy.optimizer_step()
+        self.move_anchor(policy)
         ref_kl_loss_total = self.ref_kl_coef * ref_kl_total
         return {
             keys.LOSS: pg_loss_total + ref_kl_loss_total,
@@ -58,7 +84,13 @@ class Reinforce(BaseAlgo):
             keys.REF_KL: ref_kl_total,
             keys.REF_KL_LOSS: ref_kl_loss_total,
             keys.GRAD_NORM: grad_norm,
-        }
+        } | importance_metrics(self.importance_cap, capped, tokens)
+
+    def move_anchor(self, policy: TrainablePolicy) -> None:
+        """Count the update; every `ref_reset_every` updates make the current policy the KL reference."""
+        self.updates += 1
+        if self.ref_reset_every and self.updates % self.ref_reset_every == 0:
+            policy.reset_reference()
 
     def reference_kl(self, logp: torch.Tensor, batch: TokenBatch, policy: TrainablePolicy) -> torch.Tensor:
         """KL(pi || pi_ref) over the micro-batch's completion tokens; 0 (no reference pass) when ref_kl_coef is 0."""
@@ -66,7 +98,25 @@ class Reinforce(BaseAlgo):
             return torch.zeros(())
         return approx_kl(policy.reference_logprobs(batch), logp, batch.completion_mask)
 
-    def loss(self, logp: torch.Tensor, batch: TokenBatch, n: int) -> torch.Tensor:
-        """This micro-batch's share of the pg_loss over `n` steps, with A_i = `batch.rewards`."""
-        seq_logp = normalized_sum(logp, batch.completion_mask, self.max_generation_len)  # (b,)
+    def loss(self, logp: torch.Tensor, batch: TokenBatch, n: int, weights: torch.Tensor | None = None) -> torch.Tensor:
+        """This micro-batch's share of the pg_loss over `n` steps, with A_i = `batch.rewards` and each token's
+        log-prob scaled by its importance weight when given."""
+        weighted = logp if weights is None else logp * weights
+        seq_logp = normalized_sum(weighted, batch.completion_mask, self.max_generation_len)  # (b,)
         return -(batch.rewards * seq_logp).sum() / n
+
+    def check_sharding(self) -> None:
+        """Refused with a moving anchor: the reference copy of a sharded model is not sharded."""
+        if self.ref_reset_every:
+            raise ValueError(
+                "ref_reset_every cannot move the reference of a sharded model (learner.sharding: fsdp); leave it "
+                "unset or use learner.sharding: none"
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The number of updates taken (when the anchor moves next)."""
+        return {"updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the update count (a state saved before it was kept counts from 0)."""
+        self.updates = int(state.get("updates", 0))

@@ -119,13 +119,17 @@ class Learner:
         return self.policy.reference_logprobs(batch)
 
     @torch.no_grad()
+    def reset_reference(self) -> None:
+        """Make the current policy the KL reference (see `PolicyModel.reset_reference`)."""
+        self.policy.reset_reference()
+
     def track_ratios(self, logprobs: torch.Tensor, batch: TokenBatch) -> None:
         """Record `exp(current - behaviour)` of `batch`'s completion tokens for this update's ratio metrics.
 
         They become `learner/ratio_mean` and `learner/ratio_max`: how far the learner's policy has moved from the
         samplers'. Every RL algorithm calls this on its first pass over the batch.
         """
-        ratios = torch.exp(logprobs - batch.behaviour_logprobs)[batch.completion_mask.bool()]  # (n_tokens,)
+        ratios = torch.exp(logprobs.detach() - batch.behaviour_logprobs)[batch.completion_mask.bool()]  # (n_tokens,)
         self._ratios.add(ratios)
 
     def add_parameters(self, params: Iterable[torch.nn.Parameter], lr: float | None = None) -> None:
@@ -265,13 +269,14 @@ class Learner:
 
     # ---- state for resume ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Everything the learner owns: update counter, trainable weights, optimizer and algorithm state, skip
-        counters and this process's RNGs (Python's and torch's). With a sharded model every rank calls it together
-        and rank 0's holds the whole weights and the full optimizer state (keyed by parameter name)."""
+        """Everything the learner owns: update counter, trainable weights (and the reference's, once moved), optimizer
+        and algorithm state, skip counters and this process's RNGs (Python's and torch's). With a sharded model every
+        rank calls it together and rank 0's holds the whole weights and the full optimizer state (keyed by name)."""
         self.initialize()
         return {
             "step": self.step,
             "policy": self.policy.trainable_state(),
+            "reference": self.policy.reference_state(),
             "optimizer": self.parallel.full_optimizer_state(self.policy.model, self.optimizer),
             "algorithm": self.algorithm.state_dict(),
             "skipped": dict(self.skipped),
@@ -283,6 +288,7 @@ class Learner:
         self.initialize()
         self.step = state["step"]
         self.policy.load_trainable_state(state["policy"])
+        self.policy.load_reference_state(state.get("reference"))  # absent from states saved before it moved
         self.parallel.load_optimizer_state(self.policy.model, self.optimizer, state["optimizer"])
         self.algorithm.load_state_dict(state["algorithm"])
         self.skipped = dict(state["skipped"])

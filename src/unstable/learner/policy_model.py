@@ -58,8 +58,9 @@ class PolicyModel:
         self.model = None
         self.scoring = None  # `model` under a module whose forward is `forward`'s pass (see `ScoringPass`)
         self.tokenizer = None
-        self._reference = None  # frozen copy of `model_path` for `reference_logprobs` (full fine-tuning only)
-        self._initial_adapter = None  # frozen copy of `cfg.initial_lora_path`'s weights, the LoRA reference
+        self._reference = None  # frozen full model for `reference_logprobs` (full fine-tuning only)
+        self._reference_adapter = None  # frozen adapter weights of the LoRA reference (the initial adapter or moved)
+        self._reference_moved = False  # whether `reset_reference` replaced the starting policy as the reference
 
     def load(self, on_device: bool = True) -> None:
         """Load the tokenizer and model, wrap LoRA, move to the device (`on_device` False: left on the host for FSDP,
@@ -81,7 +82,7 @@ class PolicyModel:
         self.model.train()
         if self.cfg.initial_lora_path:  # copied before any update or resume overwrites the adapter
             frozen = self.trainable_state().items()
-            self._initial_adapter = {name: torch.nn.Parameter(w, requires_grad=False) for name, w in frozen}
+            self._reference_adapter = {name: torch.nn.Parameter(w, requires_grad=False) for name, w in frozen}
 
     def _weights_dtype(self) -> torch.dtype:
         """The dtype the model is loaded in: float32 when every weight trains (the master weights) or the model is
@@ -141,25 +142,61 @@ class PolicyModel:
 
     @torch.no_grad()
     def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
-        """Token log-probs of `batch` under the reference policy, the run's starting policy, `(B, L-1)`.
+        """Token log-probs of `batch` under the reference policy, `(B, L-1)`: the run's starting policy until
+        `reset_reference` makes the weights of that moment the reference.
 
-        With LoRA: the base model plus the initial adapter (`cfg.initial_lora_path`, copied when loaded, so a
-        resumed run keeps it as its reference), or with no initial adapter the base model with the adapter disabled.
-        Fully fine-tuned: the weights at `model_path` (the warm start of such a run), loaded once more on first use
-        and frozen, in the trainable weights' dtype so that it equals the policy at the start.
+        With LoRA: the base model plus the reference adapter (`cfg.initial_lora_path` copied when loaded, so a
+        resumed run keeps it as its reference, or the adapter `reset_reference` copied), or with neither the base
+        model with the adapter disabled. Fully fine-tuned: a frozen second model, the weights at `model_path` (the
+        warm start of such a run) loaded once more on first use, in the trainable weights' dtype so that it equals
+        the policy at the start.
         """
-        if self._initial_adapter is not None:
-            with _parameters_replaced(self.model, self._initial_adapter):
+        if self._reference_adapter is not None:
+            with _parameters_replaced(self.model, self._reference_adapter):
                 return self._forward(self.model, batch).logprobs
         if self.cfg.lora is not None:
             with self.model.disable_adapter():
                 return self._forward(self.model, batch).logprobs
+        return self._forward(self._reference_model(), batch).logprobs
+
+    def _reference_model(self) -> torch.nn.Module:
+        """The frozen full model `reference_logprobs` scores with, loaded from `model_path` on first use."""
         if self._reference is None:
             from transformers import AutoModelForCausalLM
 
             reference = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self._weights_dtype())
             self._reference = reference.to(self.device).eval().requires_grad_(False)
-        return self._forward(self._reference, batch).logprobs
+        return self._reference
+
+    @torch.no_grad()
+    def reset_reference(self) -> None:
+        """Make the current trainable weights the reference policy (a moving KL anchor)."""
+        self.load_reference_state(self.trainable_state())
+
+    def reference_state(self) -> dict[str, torch.Tensor] | None:
+        """CPU copies of the reference's trainable weights once `reset_reference` moved it, for resume; None while it
+        is the starting policy (which loading rebuilds)."""
+        if not self._reference_moved:
+            return None
+        if self.cfg.lora is not None:
+            return {name: w.detach().cpu().clone() for name, w in self._reference_adapter.items()}
+        weights = dict(self._reference_model().named_parameters())
+        return {name: weights[name].detach().cpu().clone() for name, _ in self.model.named_parameters()}
+
+    @torch.no_grad()
+    def load_reference_state(self, state: dict[str, torch.Tensor] | None) -> None:
+        """Make `state` (trainable weights by name, from `trainable_state` or `reference_state`) the reference;
+        None leaves the starting policy as it is."""
+        if state is None:
+            return
+        if self.cfg.lora is not None:
+            self._reference_adapter = {
+                name: torch.nn.Parameter(w.detach().clone().to(self.device), requires_grad=False)
+                for name, w in state.items()
+            }
+        else:
+            self._reference_model().load_state_dict(state, strict=False)
+        self._reference_moved = True
 
     def _forward(self, model, batch: TokenBatch, *, encodings: bool = False, entropy: bool = False) -> PolicyOutput:
         """Token log-probs at the completion targets (0 elsewhere), each under its row's sampling distribution

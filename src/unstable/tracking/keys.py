@@ -28,6 +28,8 @@ AWR_WEIGHT_MAX = "learner/awr_weight_max"
 GROUPED_FRACTION = "learner/grouped_fraction"
 RATIO_MEAN = "learner/ratio_mean"
 RATIO_MAX = "learner/ratio_max"
+# share of the update's completion tokens whose importance weight was truncated at the algorithm's `importance_cap`
+IMPORTANCE_CAPPED_FRACTION = "learner/importance_capped_fraction"
 BATCH_SIZE = "learner/batch_size"
 MEAN_REWARD = "learner/mean_reward"
 MEAN_COMPLETION_TOKENS = "learner/mean_completion_tokens"
