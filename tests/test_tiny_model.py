@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from unstable.games.moves import legal_moves
 from unstable.models import (
     QWEN3_06B_SHAPE,
+    TinyShape,
     build_tiny_model,
     build_tokenizer,
     ensure_shaped_model,
@@ -118,9 +119,8 @@ def test_same_seed_gives_identical_model(model_dir, tmp_path):
 
 def test_other_seed_and_sizes(tmp_path):
     corpus = [TICTACTOE_OBS, NIM_OBS, CONNECT_FOUR_OBS]
-    out = build_tiny_model(
-        tmp_path / "m", vocab_size=400, hidden_size=64, num_heads=2, num_kv_heads=1, seed=1, corpus=corpus
-    )
+    shape = TinyShape(hidden_size=64, num_heads=2, num_kv_heads=1)
+    out = build_tiny_model(tmp_path / "m", shape, vocab_size=400, seed=1, corpus=corpus)
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.hidden_size == 64 and model.config.vocab_size <= 400
     assert len(AutoTokenizer.from_pretrained(out)) == model.config.vocab_size
@@ -128,7 +128,7 @@ def test_other_seed_and_sizes(tmp_path):
 
 def test_head_dim_below_32_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="head_dim"):
-        build_tiny_model(tmp_path / "m", head_dim=16)
+        build_tiny_model(tmp_path / "m", TinyShape(head_dim=16))
     assert not (tmp_path / "m").exists()
 
 
@@ -159,7 +159,7 @@ def test_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
 
 def test_ensure_builds_only_when_config_missing(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(tiny, "build_tiny_model", lambda out, **kw: calls.append((out, kw)) or out)
+    monkeypatch.setattr(tiny, "build_tiny_model", lambda out, shape, **kw: calls.append((out, kw)) or out)
     out = tmp_path / "m"
     out.mkdir()  # a directory without config.json (e.g. left by someone else) is not a model
     assert ensure_tiny_model(out, seed=3) == out.resolve()
@@ -205,3 +205,33 @@ def test_a_shaped_model_has_the_shape_asked_for_in_bfloat16_on_the_tiny_tokenize
     assert ensure_shaped_model(built, model_dir, shape) == built  # already there: not built again
     assert (built / "model.safetensors").stat().st_mtime_ns == stamp
     assert QWEN3_06B_SHAPE["vocab_size"] == 151936 and QWEN3_06B_SHAPE["num_hidden_layers"] == 28
+
+
+def test_a_larger_shape_builds_and_an_existing_model_of_another_shape_is_refused(tmp_path, model_dir):
+    shape = TinyShape(num_layers=3, hidden_size=192, num_heads=6, num_kv_heads=3, intermediate_size=384)
+    out = build_tiny_model(tmp_path / "m", shape, corpus=[NIM_OBS])
+    config = AutoModelForCausalLM.from_pretrained(out).config
+    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (3, 192, 6)
+    assert ensure_tiny_model(out, shape) == out.resolve()  # the same shape: used as it is
+    with pytest.raises(ValueError, match="num_layers: 2, wanted 3; hidden_size: 128, wanted 192"):
+        ensure_tiny_model(model_dir, shape)  # the default model is never used (nor replaced) for another shape
+    with pytest.raises(ValueError, match="does not divide"):
+        TinyShape(num_heads=4, num_kv_heads=3)
+
+
+def test_build_tiny_model_command_takes_the_shape_and_a_run_config_refuses_a_mismatch(tmp_path, model_dir):
+    from unstable.cli.main import main
+    from unstable.config import ConfigError, load_config
+
+    from .runs import EXAMPLE
+
+    out = tmp_path / "wide"
+    assert main(["build-tiny-model", str(out), "--hidden-size", "64", "--num-heads", "2", "--num-kv-heads", "1"]) == 0
+    assert AutoModelForCausalLM.from_pretrained(out).config.hidden_size == 64
+    assert main(["build-tiny-model", str(tmp_path / "bad"), "--num-kv-heads", "3"]) == 2  # one line, nothing built
+    assert not (tmp_path / "bad").exists()
+    overrides = [f"model.path={model_dir}", "model.tiny_shape.num_layers=4"]
+    with pytest.raises(ConfigError, match="model.tiny_shape .*num_layers: 2, wanted 4"):
+        load_config(EXAMPLE, overrides)
+    wide = "model.tiny_shape={hidden_size: 64, num_heads: 2, num_kv_heads: 1}"
+    assert load_config(EXAMPLE, [f"model.path={out}", wide]).model.tiny_shape.hidden_size == 64

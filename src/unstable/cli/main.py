@@ -12,7 +12,10 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from unstable.models.tiny import TinyShape
 
 
 class ProgressBar:
@@ -46,14 +49,15 @@ def progress(description: str, total: int | None = None) -> Iterator[ProgressBar
             bar.update(task, total=1, completed=1)
 
 
-def build_tiny_model_with_progress(out_dir: str | Path) -> Path:
-    """The tiny model at `out_dir`, built first (behind a spinner) when it is missing."""
+def build_tiny_model_with_progress(out_dir: str | Path, shape: TinyShape | None = None) -> Path:
+    """The tiny model of `shape` (default: the demo's) at `out_dir`, built first (behind a spinner) when it is
+    missing."""
     from unstable.models.tiny import ensure_tiny_model
 
     if (Path(out_dir) / "config.json").is_file():
-        return Path(out_dir).resolve()
+        return ensure_tiny_model(out_dir, shape)  # checks the shape
     with progress(f"building the tiny model in {out_dir}"):
-        return ensure_tiny_model(out_dir)
+        return ensure_tiny_model(out_dir, shape)
 
 
 PROGRESS_OPPONENTS = 3  # opponents whose win rate the progress line shows
@@ -119,7 +123,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not args.resume:
         check_run_dir(cfg)  # before the tiny model is built: a run that cannot start does no work
     if cfg.model.build_tiny_if_missing:
-        build_tiny_model_with_progress(cfg.model.path)
+        build_tiny_model_with_progress(cfg.model.path, cfg.model.tiny_shape)
     total = cfg.learner.num_steps
 
     def print_row(row: dict[str, Any]) -> None:
@@ -172,9 +176,18 @@ def check_makeable(option: str, path: str) -> None:
 
 
 def cmd_build_tiny_model(args: argparse.Namespace) -> int:
-    """`unstable build-tiny-model DIR`: build the tiny local Qwen3 model and tokenizer."""
+    """`unstable build-tiny-model DIR`: build the tiny local Qwen3 model and tokenizer (of the shape the flags give)."""
+    from pydantic import ValidationError
+
+    from unstable.config import ConfigError
+    from unstable.models.tiny import TinyShape
+
     check_makeable("build-tiny-model", args.out_dir)
-    print(build_tiny_model_with_progress(args.out_dir))
+    try:
+        shape = TinyShape(**{name: getattr(args, name) for name in TinyShape.model_fields})
+        print(build_tiny_model_with_progress(args.out_dir, shape))
+    except (ValidationError, ValueError) as exc:
+        raise ConfigError(f"build-tiny-model: {' '.join(str(exc).split())}") from None
     return 0
 
 
@@ -487,6 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
     from unstable.inference.config import InferenceConfig
     from unstable.learner.config import LoraConfig, WarmStartConfig
+    from unstable.models.tiny import TinyShape
 
     parser = argparse.ArgumentParser(prog="unstable", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -514,6 +528,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(func=cmd_report)
     tiny = sub.add_parser("build-tiny-model", help="build the tiny local test model")
     tiny.add_argument("out_dir")
+    for name in TinyShape.model_fields:
+        _setting_flag(tiny, f"--{name.replace('_', '-')}", TinyShape, f"model.tiny_shape.{name}")
     tiny.set_defaults(func=cmd_build_tiny_model)
     sft = sub.add_parser("sft", help="warm-start a model by SFT on moves of scripted agents")
     _add_model_and_env_args(sft)

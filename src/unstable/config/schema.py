@@ -21,6 +21,7 @@ from unstable.buffer.config import BufferConfig
 from unstable.collector.config import CollectorConfig
 from unstable.inference.config import InferenceConfig
 from unstable.learner.config import LearnerConfig, WarmStartConfig, nest_flat_fields
+from unstable.models.tiny import TinyShape, check_tiny_shape
 from unstable.pool.config import PoolConfig
 from unstable.settings import Settings
 from unstable.tracking.config import TrackerConfig
@@ -93,10 +94,14 @@ def check_model_path(value: str, build_tiny: bool = False) -> str:
 
 
 class ModelConfig(Settings):
-    """The base model: a local directory or hub id; `build_tiny_if_missing` builds the tiny test model there."""
+    """The base model: a local directory or hub id; `build_tiny_if_missing` builds the tiny test model there, of
+    `tiny_shape`."""
 
     build_tiny_if_missing: bool = Field(False, description="build the tiny test model at `path` if it is not there")
     path: str = Field(description="a local model directory or a hub id 'org/name'")
+    tiny_shape: TinyShape = Field(
+        TinyShape(), description="the size of the tiny model built at `path` (with build_tiny_if_missing)"
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="dtype of the inference engines and of a frozen LoRA base (trained weights stay float32)"
     )
@@ -105,6 +110,12 @@ class ModelConfig(Settings):
     @classmethod
     def _loadable(cls, value: str, info: ValidationInfo) -> str:
         return check_model_path(value, build_tiny=bool(info.data.get("build_tiny_if_missing")))
+
+    @model_validator(mode="after")
+    def _tiny_of_its_shape(self) -> ModelConfig:
+        if self.build_tiny_if_missing and (Path(self.path).expanduser() / "config.json").is_file():
+            check_tiny_shape(Path(self.path).expanduser(), self.tiny_shape)
+        return self
 
 
 # Each evaluation queues all of its games at once and keeps every record until it ends: 100,000 games bound the

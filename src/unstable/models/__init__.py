@@ -3,6 +3,7 @@ a random model of Qwen3-0.6B's shape on that tokenizer, for measuring speed at a
 
 from unstable.models.tiny import (
     QWEN3_06B_SHAPE,
+    TinyShape,
     build_tiny_model,
     build_tokenizer,
     ensure_shaped_model,
@@ -13,6 +14,7 @@ from unstable.models.tiny import (
 
 __all__ = [
     "QWEN3_06B_SHAPE",
+    "TinyShape",
     "build_tiny_model",
     "build_tokenizer",
     "ensure_shaped_model",

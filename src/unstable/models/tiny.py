@@ -9,13 +9,17 @@ and tested on a CPU without downloading anything.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import random
 import tempfile
 from collections.abc import Iterable, Sequence
 
+from pydantic import Field, model_validator
+
 from unstable import atomic
+from unstable.settings import Settings
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -207,57 +211,87 @@ def _save(out_dir: pathlib.Path, tokenizer, model) -> pathlib.Path:
     return out_dir
 
 
+HF_NAMES = {
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads",
+}
+"""The Hugging Face `Qwen3Config` name of each `TinyShape` field whose name differs."""
+
+
+class TinyShape(Settings):
+    """The tiny model's size (`build_tiny_model`): the defaults make the 2-layer model of the demo and the tests;
+    larger shapes make the model-size ladder's rungs."""
+
+    num_layers: int = Field(2, ge=1, le=64, description="decoder layers")
+    hidden_size: int = Field(128, ge=16, description="width of the residual stream")
+    num_heads: int = Field(4, ge=1, description="query heads per layer")
+    num_kv_heads: int = Field(2, ge=1, description="key/value heads per layer (a divisor of num_heads)")
+    head_dim: int = Field(32, ge=32, description="width of each head (vLLM's CPU attention needs at least 32)")
+    intermediate_size: int = Field(256, ge=1, description="width of each layer's MLP")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TinyShape:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads {self.num_kv_heads} does not divide num_heads {self.num_heads}")
+        return self
+
+    def differences(self, config: dict) -> list[str]:
+        """`field: built, wanted` for each field a model's `config.json` data disagrees with."""
+        built = {name: config.get(HF_NAMES.get(name, name)) for name in type(self).model_fields}
+        return [f"{name}: {built[name]}, wanted {value}" for name, value in self if built[name] != value]
+
+
 def build_tiny_model(
     out_dir: str | os.PathLike,
+    shape: TinyShape | None = None,
     *,
     vocab_size: int = 1024,
-    hidden_size: int = 128,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
-    head_dim: int = 32,
-    intermediate_size: int = 256,
     initializer_range: float = 0.1,
     seed: int = 0,
     corpus: Iterable[str] | None = None,
 ) -> pathlib.Path:
-    """Build a tiny random-weight Qwen3 model plus tokenizer into ``out_dir`` and return its path.
+    """Build a tiny random-weight Qwen3 model of `shape` (default `TinyShape()`) plus tokenizer into ``out_dir``
+    and return its path.
 
     The tokenizer is a byte-level BPE with at most ``vocab_size`` tokens, trained on random-play
     TextArena games (or on ``corpus`` when given; see :func:`build_tokenizer`); the model's vocabulary
     equals the tokenizer's. Weights are deterministic for a given ``seed``; their standard deviation
     ``initializer_range`` is 0.1 rather than Qwen3's 0.02, because at 0.02 a model this small (tied
     embeddings of norm ~0.2) cannot make sharp predictions and learns to read the board far more slowly
-    (docs/learning.md, "Warm start"). ``head_dim`` must be at
-    least 32 (vLLM's CPU attention backend supports head sizes 32, 64, 80, ...). The model is written
-    to a temporary sibling directory and renamed into place, so ``out_dir`` is never half-built; an
-    existing ``out_dir`` is replaced.
+    (docs/learning.md, "Warm start"). The model is written to a temporary sibling directory and renamed into
+    place, so ``out_dir`` is never half-built; an existing ``out_dir`` is replaced.
     """
-    if head_dim < 32:
-        raise ValueError(f"head_dim must be >= 32 for vLLM's CPU attention, got {head_dim}")
+    shape = shape or TinyShape()
     out_dir = pathlib.Path(out_dir).resolve()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(vocab_size, corpus, seed)
-    model = _build_model(
-        tokenizer,
-        seed,
-        initializer_range,
-        hidden_size=hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        head_dim=head_dim,
-        intermediate_size=intermediate_size,
-    )
+    sizes = {HF_NAMES.get(name, name): value for name, value in shape}
+    model = _build_model(tokenizer, seed, initializer_range, **sizes)
     return _save(out_dir, tokenizer, model)
 
 
-def ensure_tiny_model(out_dir: str | os.PathLike, **kwargs) -> pathlib.Path:
-    """Return ``out_dir``, first building it with :func:`build_tiny_model` if it has no ``config.json``."""
+def ensure_tiny_model(out_dir: str | os.PathLike, shape: TinyShape | None = None, **kwargs) -> pathlib.Path:
+    """Return ``out_dir``, first building it with :func:`build_tiny_model` if it has no ``config.json``. A model
+    already there of another shape than `shape` (when given) is never replaced or used in its place
+    (`check_tiny_shape`)."""
     out_dir = pathlib.Path(out_dir).resolve()
-    if (out_dir / "config.json").is_file():
-        return out_dir
-    return build_tiny_model(out_dir, **kwargs)
+    if not (out_dir / "config.json").is_file():
+        return build_tiny_model(out_dir, shape, **kwargs)
+    if shape is not None:
+        check_tiny_shape(out_dir, shape)
+    return out_dir
+
+
+def check_tiny_shape(model_dir: str | os.PathLike, shape: TinyShape) -> None:
+    """Raise ValueError, naming each difference, when `model_dir` holds a model of another shape than `shape`."""
+    built = json.loads((pathlib.Path(model_dir) / "config.json").read_text())
+    differences = shape.differences(built)
+    if differences:
+        raise ValueError(
+            f"{model_dir} holds a tiny model of another shape than model.tiny_shape ({'; '.join(differences)}): "
+            "give each shape a model.path of its own"
+        )
 
 
 def ensure_shaped_model(

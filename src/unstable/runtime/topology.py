@@ -51,7 +51,7 @@ def resolve_model_path(cfg: RunConfig) -> str:
     if cfg.model.build_tiny_if_missing:
         from unstable.models.tiny import ensure_tiny_model
 
-        return str(ensure_tiny_model(cfg.model.path))
+        return str(ensure_tiny_model(cfg.model.path, cfg.model.tiny_shape))
     return cfg.model.path
 
 
