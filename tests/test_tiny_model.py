@@ -215,6 +215,11 @@ def test_a_larger_shape_builds_and_an_existing_model_of_another_shape_is_refused
     assert ensure_tiny_model(out, shape) == out.resolve()  # the same shape: used as it is
     with pytest.raises(ValueError, match="num_layers: 2, wanted 3; hidden_size: 128, wanted 192"):
         ensure_tiny_model(model_dir, shape)  # the default model is never used (nor replaced) for another shape
+    (model_dir / tiny.SHAPE_FILE).rename(tmp_path / "kept")  # a model not built as a tiny one (a real model): used
+    try:
+        assert ensure_tiny_model(model_dir, shape) == model_dir
+    finally:
+        (tmp_path / "kept").rename(model_dir / tiny.SHAPE_FILE)
     with pytest.raises(ValueError, match="does not divide"):
         TinyShape(num_heads=4, num_kv_heads=3)
 

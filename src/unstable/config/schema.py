@@ -113,7 +113,7 @@ class ModelConfig(Settings):
 
     @model_validator(mode="after")
     def _tiny_of_its_shape(self) -> ModelConfig:
-        if self.build_tiny_if_missing and (Path(self.path).expanduser() / "config.json").is_file():
+        if self.build_tiny_if_missing and Path(self.path).expanduser().is_dir():
             check_tiny_shape(Path(self.path).expanduser(), self.tiny_shape)
         return self
 

@@ -199,14 +199,16 @@ def _build_model(tokenizer, seed: int, initializer_range: float, **sizes):
     return model
 
 
-def _save(out_dir: pathlib.Path, tokenizer, model) -> pathlib.Path:
-    """Write the model and its tokenizer to a temporary sibling directory and rename it to ``out_dir``, so
-    ``out_dir`` is never half-built; an existing ``out_dir`` is replaced."""
+def _save(out_dir: pathlib.Path, tokenizer, model, extra_files: dict[str, str] | None = None) -> pathlib.Path:
+    """Write the model, its tokenizer and `extra_files` (name: text) to a temporary sibling directory and rename it
+    to ``out_dir``, so ``out_dir`` is never half-built; an existing ``out_dir`` is replaced."""
     # a unique name, not out_dir.tmp: two processes may build the same model at once
     building = pathlib.Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
     with atomic.replace_dir(out_dir, building):
         tokenizer.save_pretrained(building)
         model.save_pretrained(building, safe_serialization=True)
+        for name, text in (extra_files or {}).items():
+            (building / name).write_text(text)
         building.chmod(0o755)  # mkdtemp makes it owner-only
     return out_dir
 
@@ -217,6 +219,8 @@ HF_NAMES = {
     "num_kv_heads": "num_key_value_heads",
 }
 """The Hugging Face `Qwen3Config` name of each `TinyShape` field whose name differs."""
+SHAPE_FILE = "tiny_shape.json"
+"""The file in a tiny model's directory that records the `TinyShape` it was built with."""
 
 
 class TinyShape(Settings):
@@ -236,10 +240,9 @@ class TinyShape(Settings):
             raise ValueError(f"num_kv_heads {self.num_kv_heads} does not divide num_heads {self.num_heads}")
         return self
 
-    def differences(self, config: dict) -> list[str]:
-        """`field: built, wanted` for each field a model's `config.json` data disagrees with."""
-        built = {name: config.get(HF_NAMES.get(name, name)) for name in type(self).model_fields}
-        return [f"{name}: {built[name]}, wanted {value}" for name, value in self if built[name] != value]
+    def differences(self, built: dict) -> list[str]:
+        """`field: built, wanted` for each field the shape a model was built with (`SHAPE_FILE`) disagrees in."""
+        return [f"{name}: {built.get(name)}, wanted {value}" for name, value in self if built.get(name) != value]
 
 
 def build_tiny_model(
@@ -268,7 +271,7 @@ def build_tiny_model(
     tokenizer = build_tokenizer(vocab_size, corpus, seed)
     sizes = {HF_NAMES.get(name, name): value for name, value in shape}
     model = _build_model(tokenizer, seed, initializer_range, **sizes)
-    return _save(out_dir, tokenizer, model)
+    return _save(out_dir, tokenizer, model, {SHAPE_FILE: shape.model_dump_json(indent=2)})
 
 
 def ensure_tiny_model(out_dir: str | os.PathLike, shape: TinyShape | None = None, **kwargs) -> pathlib.Path:
@@ -284,9 +287,12 @@ def ensure_tiny_model(out_dir: str | os.PathLike, shape: TinyShape | None = None
 
 
 def check_tiny_shape(model_dir: str | os.PathLike, shape: TinyShape) -> None:
-    """Raise ValueError, naming each difference, when `model_dir` holds a model of another shape than `shape`."""
-    built = json.loads((pathlib.Path(model_dir) / "config.json").read_text())
-    differences = shape.differences(built)
+    """Raise ValueError, naming each difference, when `model_dir` holds a tiny model built with another shape than
+    `shape`. Any other model there (no `SHAPE_FILE`: a real model, or a tiny one built before the file) passes."""
+    record = pathlib.Path(model_dir) / SHAPE_FILE
+    if not record.is_file():
+        return
+    differences = shape.differences(json.loads(record.read_text()))
     if differences:
         raise ValueError(
             f"{model_dir} holds a tiny model of another shape than model.tiny_shape ({'; '.join(differences)}): "
