@@ -95,14 +95,15 @@ def test_on_policy_samples_train_as_without_the_correction(tiny_model_dir, bandi
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        ("importance_cap=0.5", "importance_cap must be >= 1"),
-        ("importance_level=word", "importance_level must be one of"),
-        ("ref_reset_every=0", "ref_reset_every must be >= 1"),
+        ("{importance_cap: 0.5}", "importance_cap must be >= 1"),
+        ("{importance_level: word}", "importance_level must be one of"),
+        ("{ref_kl_coef: 0.1, ref_reset_every: 0}", "ref_reset_every must be >= 1"),
+        ("{ref_reset_every: 5}", "only a ref_kl_coef above 0 uses"),
     ],
 )
 def test_a_bad_correction_or_anchor_setting_is_refused_in_one_line(args, fragment):
     with pytest.raises(ConfigError, match=fragment) as refused:
-        load_config(EXAMPLE, [f"learner.algorithm.args.{args}"])
+        load_config(EXAMPLE, [f"learner.algorithm.args={args}"])
     assert "\n" not in str(refused.value)
 
 

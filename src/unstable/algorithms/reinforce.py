@@ -49,6 +49,8 @@ class Reinforce(BaseAlgo):
             raise ValueError(f"ref_kl_coef must be >= 0, got {ref_kl_coef}")
         if ref_reset_every is not None and ref_reset_every < 1:
             raise ValueError(f"ref_reset_every must be >= 1 or None (the reference stays put), got {ref_reset_every}")
+        if ref_reset_every is not None and not ref_kl_coef:
+            raise ValueError("ref_reset_every moves the KL reference, which only a ref_kl_coef above 0 uses: set both")
         check_importance(importance_cap, importance_level)
         self.max_generation_len = max_generation_len
         self.ref_kl_coef = ref_kl_coef
