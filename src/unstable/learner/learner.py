@@ -118,18 +118,18 @@ class Learner:
         """Token log-probs of `batch` under the warm start (see `PolicyModel.reference_logprobs`)."""
         return self.policy.reference_logprobs(batch)
 
-    @torch.no_grad()
     def reset_reference(self) -> None:
         """Make the current policy the KL reference (see `PolicyModel.reset_reference`)."""
         self.policy.reset_reference()
 
+    @torch.no_grad()
     def track_ratios(self, logprobs: torch.Tensor, batch: TokenBatch) -> None:
         """Record `exp(current - behaviour)` of `batch`'s completion tokens for this update's ratio metrics.
 
         They become `learner/ratio_mean` and `learner/ratio_max`: how far the learner's policy has moved from the
         samplers'. Every RL algorithm calls this on its first pass over the batch.
         """
-        ratios = torch.exp(logprobs.detach() - batch.behaviour_logprobs)[batch.completion_mask.bool()]  # (n_tokens,)
+        ratios = torch.exp(logprobs - batch.behaviour_logprobs)[batch.completion_mask.bool()]  # (n_tokens,)
         self._ratios.add(ratios)
 
     def add_parameters(self, params: Iterable[torch.nn.Parameter], lr: float | None = None) -> None:
