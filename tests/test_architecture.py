@@ -128,3 +128,14 @@ def test_the_light_actors_module_imports_no_torch():
     probe = "import sys, unstable.runtime.actors; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]", f"import unstable.runtime.actors loaded {loaded}"
+
+
+def test_the_driver_imports_no_torch():
+    """The process of `unstable train` drives the actors and loads no torch itself (its resume module imported torch
+    for the tensors of a state: ~2.8 CPU-s at every start)."""
+    import subprocess
+    import sys
+
+    probe = "import sys, unstable.cli.main, unstable.runtime.driver; print(sorted({'torch'} & set(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]", f"the driver's modules loaded {loaded}"

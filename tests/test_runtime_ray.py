@@ -7,7 +7,7 @@ import yaml
 
 from unstable.cli.main import main
 from unstable.config import load_config
-from unstable.runtime import train
+from unstable.runtime import topology, train
 from unstable.tracking import keys, new_run_dir
 from unstable.tracking.history import LATEST_TABLES_FILE
 
@@ -57,9 +57,14 @@ def test_two_learner_steps_through_ray(tiny_model_dir, tmp_path):
     assert step[keys.POOL_CHECKPOINTS] == 3 and {e["agent"] for e in ladder} >= {"ckpt--1"}
 
 
-def test_a2c_and_an_old_configs_buffer_discount_train_through_unstable_train(tiny_model_dir, tmp_path):
+def test_a2c_and_an_old_configs_buffer_discount_train_through_unstable_train(tiny_model_dir, tmp_path, monkeypatch):
     """A config from before the discount became a reward transform (`buffer.discount`) trains A2C with a bootstrapped
-    critic; the run's saved config, which `--resume` reads back, holds the discount as the first step transform."""
+    critic; the run's saved config, which `--resume` reads back, holds the discount as the first step transform. The
+    learner's process starts while the inference engines start, not after them."""
+    calls = []
+    for name in ("start_learner_group", "await_inference_group"):
+        original = getattr(topology, name)
+        monkeypatch.setattr(topology, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
     overrides = tiny_run(
         tmp_path,
         tiny_model_dir,
@@ -77,6 +82,7 @@ def test_a2c_and_an_old_configs_buffer_discount_train_through_unstable_train(tin
     assert penalty["name"] == "PenaltyForInvalidMove"
     rows = [json.loads(line) for line in (tmp_path / "a2c" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["final"] is True and keys.VALUE_LOSS in rows[1]
+    assert calls == ["start_learner_group", "await_inference_group"]
 
 
 def test_two_inference_actors_both_serve_games_and_both_serve_the_newest_adapter(tiny_model_dir, tmp_path):

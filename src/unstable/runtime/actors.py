@@ -130,7 +130,7 @@ class CheckpointSource(CheckpointFiles):
 
 @dataclass(frozen=True)
 class InferenceGroup:
-    """A run's started inference server actors (`topology.start_inference_group`), serving the base model at
+    """A run's inference server actors (`topology.launch_inference_group`), serving the base model at
     `model_path` under `cfg`: the collector sends its games' requests to them (`client`), the learner hands them each
     new policy."""
 

@@ -17,18 +17,20 @@ import json
 import logging
 import os
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
 
 from unstable import atomic
 from unstable.config import ConfigError
+
+if TYPE_CHECKING:  # torch loads where tensors are saved or read, not where a run is only driven
+    import torch
 
 STATE_DIR = "state"
 LATEST = "latest.json"
@@ -50,7 +52,7 @@ class ResumeError(ConfigError):
 
 def encode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
     """`obj` as JSON-ready data; its tensors move into `tensors` under fresh names."""
-    if isinstance(obj, torch.Tensor):
+    if _is_tensor(obj):
         name = f"t{len(tensors)}"
         tensors[name] = obj.detach().cpu().clone().contiguous()
         return {"__tensor__": name}
@@ -63,6 +65,11 @@ def encode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     raise TypeError(f"cannot save a {type(obj).__name__} in resume state")
+
+
+def _is_tensor(obj: Any) -> bool:
+    torch = sys.modules.get("torch")  # before torch is imported no tensor exists
+    return torch is not None and isinstance(obj, torch.Tensor)
 
 
 def decode(data: Any, tensors: dict[str, torch.Tensor]) -> Any:
@@ -82,7 +89,7 @@ def _hashable(key: Any) -> Any:
     return tuple(_hashable(k) for k in key) if isinstance(key, (list, tuple)) else key
 
 
-Snapshot = dict[str, tuple[Any, dict[str, torch.Tensor]]]
+Snapshot = dict[str, tuple[Any, dict[str, "torch.Tensor"]]]
 
 
 def snapshot(parts: dict[str, Any]) -> Snapshot:
@@ -101,12 +108,16 @@ def save_part(state: Any, directory: Path, name: str) -> None:
 
 
 def _write_part(data: Any, tensors: dict[str, torch.Tensor], directory: Path, name: str) -> None:
+    from safetensors.torch import save_file
+
     save_file(tensors, directory / f"{name}.safetensors")
     (directory / f"{name}.json").write_text(json.dumps(data))
 
 
 def load_part(directory: Path, name: str) -> Any:
     """Read what `save_part` wrote; a missing or unreadable file raises ResumeError naming it."""
+    from safetensors.torch import load_file
+
     json_path, tensor_path = directory / f"{name}.json", directory / f"{name}.safetensors"
     try:
         return decode(json.loads(json_path.read_text()), load_file(tensor_path))

@@ -66,6 +66,9 @@ def init_ray(cfg: RunConfig) -> None:
     times out at startup is started again, up to `RAY_START_ATTEMPTS` tries."""
     import ray
 
+    # Ray prestarts a worker process per CPU when the first driver connects; none can host this run's actors (they
+    # lack its runtime env), so each only costs a second of CPU at every start. A cluster already running keeps its own.
+    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     for attempt in range(1, RAY_START_ATTEMPTS + 1):
         try:
             ray.init(
@@ -112,7 +115,7 @@ def build_topology(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> Topol
     buffer = StepBufferActor.options(name="StepBuffer", scheduling_strategy=here).remote(cfg.buffer, tracker, seed=seed)
     pool = ModelPoolActor.options(name="ModelPool", scheduling_strategy=here).remote(cfg.pool, tracker, seed=seed)
     ray.get(pool.add_checkpoint.remote(path=cfg.learner.policy.initial_lora_path, iteration=-1))
-    inference = start_inference_group(
+    inference, engines_starting = launch_inference_group(
         cfg.inference,
         model_path,
         dtype=cfg.model.dtype,
@@ -136,10 +139,19 @@ def build_topology(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> Topol
         dtype=cfg.model.dtype,
         inference_servers=inference.servers,
     )
+    await_inference_group(inference, engines_starting)  # the learner's process started beside the engines
     return Topology(run_dir, tracker, buffer, pool, inference, collector, learner)
 
 
-def start_inference_group(
+def start_inference_group(*args: Any, **kwargs: Any) -> InferenceGroup:
+    """`launch_inference_group(*args, **kwargs)` and wait until every engine has started
+    (`await_inference_group`)."""
+    group, starting = launch_inference_group(*args, **kwargs)
+    await_inference_group(group, starting)
+    return group
+
+
+def launch_inference_group(
     inference: InferenceConfig,
     model_path: str,
     *,
@@ -149,17 +161,19 @@ def start_inference_group(
     lora_rank: int | None = None,
     requests_in_flight: int = MAX_GAMES_IN_FLIGHT,
     checkpoint_node: str | None = None,
-) -> InferenceGroup:
-    """The inference group of a run: `inference.num_actors` started inference server actors of the base model at
-    `model_path` (weights in `dtype`), serving adapters up to `lora_rank`. The YAML path's builder and the original
-    API's Collector both start theirs here. Each actor samples with its own seed, mixed from the run's `seed`, its
+) -> tuple[InferenceGroup, list]:
+    """The inference group of a run, its engines starting: `inference.num_actors` inference server actors of the
+    base model at `model_path` (weights in `dtype`), serving adapters up to `lora_rank`. The YAML path's builder
+    starts its own here and its learner beside them; the original API's Collector through `start_inference_group`,
+    which waits. Each actor samples with its own seed, mixed from the run's `seed`, its
     index and `resume_step` (0 for a fresh run): no two actors, nor two sessions of a resumed run, share a stream.
     The seeds are logged. Each actor gets a Ray thread per request the collector may have in flight
     (`requests_in_flight`: `CollectorConfig.requests_in_flight`, vines included) and `CONTROL_CALLS` more: Ray makes
     every thread of a threaded actor, and over a long run each one is used and its stack touched (4,096 threads grew
     the soak's inference actor by ~0.1 MB per learner step). Each actor needs `inference.resources` besides its GPUs;
     one placed on another node than `checkpoint_node` gets the checkpoints from a `CheckpointSource` started there.
-    Too few GPUs in the cluster, or an engine that does not start, raise a ConfigError of one line."""
+    Returns the group and the calls that start its engines, for `await_inference_group`; too few GPUs in the cluster
+    raise a ConfigError of one line."""
     import ray
 
     from unstable.inference import make_backend
@@ -193,16 +207,22 @@ def start_inference_group(
         ).remote(factory, inference, actor_seed, checkpoint_node, source)
         for actor_seed in seeds
     ]
+    return InferenceGroup(servers, inference, model_path), [server.start.remote() for server in servers]
+
+
+def await_inference_group(group: InferenceGroup, starting: list) -> None:
+    """Wait for `starting`, the calls that start the engines of `group` (`launch_inference_group`); an engine that
+    does not start raises a ConfigError of one line."""
+    import ray
+
     try:
-        calls = [server.start.remote() for server in servers]
-        for server, call in zip(servers, calls):
-            _start_surviving_restarts(server, call, inference.max_restarts)
+        for server, call in zip(group.servers, starting):
+            _start_surviving_restarts(server, call, group.cfg.max_restarts)
     except ray.exceptions.RayError as exc:  # one line for the user: the engine's own first words, not Ray's trace
         cause = getattr(exc, "cause", None) or exc
         raise ConfigError(
-            f"inference.backend = {inference.backend}: the inference engine did not start: {_first_line(cause)}"
+            f"inference.backend = {group.cfg.backend}: the inference engine did not start: {_first_line(cause)}"
         ) from exc
-    return InferenceGroup(servers, inference, model_path)
 
 
 ENGINE_START_S = 1800.0  # the longest an inference actor may take to start, restarts included
