@@ -9,7 +9,7 @@ import torch
 
 from unstable.games import get_template
 from unstable.inference import InferenceConfig, InferenceServer, SamplingConfig
-from unstable.inference.decoding import Row, sample_tokens
+from unstable.inference.decoding import Row, row_key, sample_tokens
 from unstable.inference.transformers_backend import TransformersBackend
 from unstable.records import Checkpoint, GenerationRequest
 
@@ -105,6 +105,44 @@ def test_top_p_sampling_never_picks_outside_the_nucleus():
     tokens, logprobs = sample_tokens(logits, SamplingConfig(temperature=1.0, top_p=0.7))
     assert set(tokens.tolist()) == {0, 1}  # 0.5 + 0.3 reaches 0.7; 0.15 and 0.05 are cut
     assert logprobs[tokens == 1][0].item() == pytest.approx(math.log(0.3 / 0.8), abs=1e-5)  # renormalised
+
+
+def test_a_keyed_row_draws_the_same_token_whatever_rows_run_beside_it():
+    logits = torch.randn(6, 50)
+    keys = [row_key(7, 0), row_key(7, 1), None, row_key(8, 0), row_key(9, 3), None]
+    sampling = SamplingConfig(temperature=1.0)
+    alone = [sample_tokens(logits[i : i + 1], sampling, row_keys=[k])[0].item() for i, k in enumerate(keys) if k]
+    together = sample_tokens(logits, sampling, row_keys=keys)[0]
+    shuffled = sample_tokens(logits.flip(0), sampling, row_keys=keys[::-1])[0].flip(0)
+    keyed = [i for i, k in enumerate(keys) if k]
+    assert together[keyed].tolist() == alone == shuffled[keyed].tolist()
+
+
+def test_keyed_draws_follow_the_tempered_nucleus_distribution():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(20000, 1)  # (N, V)
+    keys = [row_key(seed, 0) for seed in range(20000)]
+    tokens, logprobs = sample_tokens(logits, SamplingConfig(temperature=1.0), row_keys=keys)
+    shares = torch.bincount(tokens, minlength=4) / 20000
+    assert shares.tolist() == pytest.approx([0.5, 0.3, 0.15, 0.05], abs=0.012)  # 3.5 binomial sd at 20,000
+    cut, _ = sample_tokens(logits, SamplingConfig(temperature=1.0, top_p=0.7), row_keys=keys)
+    assert set(cut.tolist()) == {0, 1}
+
+
+def test_a_seeded_request_gets_the_same_completion_alone_and_among_others(tiny_model_dir):
+    inference = InferenceConfig(max_new_tokens=12, temperature=1.0)
+    server = InferenceServer(lambda: TransformersBackend(tiny_model_dir, inference.sampling), inference)
+    server.start()
+    try:
+        seeded = GenerationRequest(LONG, seed=5)
+        alone = server.generate(seeded).completion_token_ids
+        crowd = [server.submit(GenerationRequest(SHORT if i % 2 else LONG)) for i in range(6)]
+        again = server.submit(seeded).result().completion_token_ids
+        assert alone == again and all(f.result() for f in crowd)
+        assert {tuple(server.generate(GenerationRequest(LONG, seed=s)).completion_token_ids) for s in range(6)} != {
+            tuple(alone)
+        }  # another seed, another draw
+    finally:
+        server.stop()
 
 
 def test_prefix_cache_serves_shared_prompt_blocks_with_exact_logprobs(tiny_model_dir, adapter):

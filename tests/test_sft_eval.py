@@ -10,16 +10,24 @@ import math
 import pytest
 import torch
 
+from unstable.agents.seating import parse_opponent
 from unstable.algorithms import ALGORITHMS, SFT
 from unstable.cli.main import main
 from unstable.collector.demonstrations import generate_sft_steps, supervised_step
-from unstable.evaluation.evaluate import evaluate, kuhn_exploitability, scoring_policy, summarize_matches
+from unstable.evaluation.evaluate import (
+    evaluate,
+    kuhn_exploitability,
+    play_matches,
+    scoring_policy,
+    serving,
+    summarize_matches,
+)
 from unstable.evaluation.probe import SKILLS, skills
 from unstable.games.kuhn import FIRST_PLAYER_INFOSETS, INFOSETS, SECOND_PLAYER_INFOSETS, best_response_value
 from unstable.inference import InferenceConfig
 from unstable.learner import LearnerConfig, LoraConfig
 from unstable.learner.sft import sft_learner
-from unstable.records import EnvSpec, GameRecord, Step
+from unstable.records import Checkpoint, EnvSpec, GameRecord, Step
 
 TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
 KUHN = EnvSpec("KuhnPoker-v0-train", 2, "qwen3-zs")
@@ -98,6 +106,19 @@ def test_eval_cli_writes_per_opponent_per_seat_wdl_with_intervals(tiny_model_dir
                 low, high = wdl[f"{key}_ci"]
                 assert 0 <= low <= wdl[f"{key}_rate"] <= high <= 1
         assert result["seats"]["seat_0"]["games"] + result["seats"]["seat_1"]["games"] + result["failed"] == 4
+
+
+def test_an_evaluation_plays_the_same_games_one_at_a_time_and_sixteen_at_once(tiny_model_dir, sft_adapter):
+    """Every seat samples from seeds of its own game and seat: the games repeat however they interleave in the
+    engine (one shared sampling stream made a checkpoint's evaluation differ from run to run)."""
+    model, opponent = Checkpoint("model", sft_adapter), parse_opponent(sft_adapter)  # both seats sample
+    with serving(tiny_model_dir, INFERENCE, adapters=2) as (server, tokenizer):
+        plays = [
+            play_matches(server, model, TICTACTOE, opponent, 16, tokenizer=tokenizer, seed=3, concurrency=n)
+            for n in (1, 16)
+        ]
+    moves = [[[step.completion_token_ids for step in record.steps] for record in records] for records in plays]
+    assert moves[0] == moves[1] and any(moves[0])
 
 
 def test_summarize_matches_counts_outcomes_per_seat():

@@ -130,6 +130,12 @@ def test_generation_fills_results_like_the_transformers_backend(engine, eos_adap
     assert stop.finish_reason == "stop" and stop.text == "" and len(stop.logprobs) == 1
 
 
+def test_a_seeded_request_gets_the_same_completion_alone_and_among_others(engine):
+    alone = engine.generate([GenerationRequest(PROMPT, seed=5)])[0].completion_token_ids
+    crowd = engine.generate([GenerationRequest(PROMPT) for _ in range(3)] + [GenerationRequest(PROMPT, seed=5)])
+    assert crowd[-1].completion_token_ids == alone
+
+
 def test_a_result_counts_the_prompt_tokens_vllm_took_from_its_prefix_cache(engine):
     prompt = get_template("qwen3-zs").render(" ".join([OBSERVATION] * 12) + " (the prefix cache's probe)")
     engine.generate([GenerationRequest(prompt)])

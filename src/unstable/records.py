@@ -66,11 +66,14 @@ class GenerationRequest:
     """One prompt to complete with the policy named by `checkpoint` (None: the base model).
 
     `game` names the game it belongs to (its seed; None: none): an `InferenceClient` keeps a game's requests, every
-    seat's and branch's, on one inference server, whose prefix cache holds the game's earlier prompts."""
+    seat's and branch's, on one inference server, whose prefix cache holds the game's earlier prompts. `seed` makes
+    its sampling a function of the seed, the prompt and the weights alone, whatever other requests the engine runs
+    beside it (None: the engine's own sampling stream); evaluations seed their requests so that they repeat."""
 
     prompt: str
     checkpoint: Checkpoint | None = None
     game: int | None = None
+    seed: int | None = None
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any, Protocol
 
@@ -22,7 +23,9 @@ class GenerationClient(Protocol):
 
 class PolicyAgent(Agent):
     """Plays with the policy `checkpoint` served by `client`, recording tokens, behaviour log-probs and the
-    sampling settings they were drawn with; its requests name `game`, the game it plays in (None: none)."""
+    sampling settings they were drawn with; its requests name `game`, the game it plays in (None: none). Given a
+    `sampling_seed`, its n-th request carries the seed (`sampling_seed`, n), so its game repeats whatever else the
+    engine serves (evaluation games); without one, it samples from the engine's stream."""
 
     def __init__(
         self,
@@ -31,19 +34,23 @@ class PolicyAgent(Agent):
         template: PromptTemplate,
         tokenizer: Any = None,
         game: int | None = None,
+        sampling_seed: int | None = None,
     ):
         self.client = client
         self.checkpoint = checkpoint
         self.template = template
         self.tokenizer = tokenizer
         self.game = game
+        self.sampling_seed = sampling_seed
+        self.requests = 0
         self.name = checkpoint.uid
 
     def act(self, observation: str) -> Decision:
         """Sample a completion for the rendered observation and parse the move out of it."""
         prompt = self.template.render(observation, self.tokenizer)
         start = time.perf_counter()
-        result = self.client.generate(GenerationRequest(prompt=prompt, checkpoint=self.checkpoint, game=self.game))
+        request = GenerationRequest(prompt, self.checkpoint, self.game, self._request_seed())
+        result = self.client.generate(request)
         action, format_ok = extract_action(result.text)
         return Decision(
             action=action,
@@ -58,3 +65,11 @@ class PolicyAgent(Agent):
             temperature=result.temperature,
             top_p=result.top_p,
         )
+
+    def _request_seed(self) -> int | None:
+        """The next request's sampling seed: `sampling_seed` and the request's number, hashed into 32 bits."""
+        self.requests += 1
+        if self.sampling_seed is None:
+            return None
+        digest = hashlib.blake2b(f"{self.sampling_seed}:{self.requests}".encode(), digest_size=4).digest()
+        return int.from_bytes(digest, "little")

@@ -51,16 +51,21 @@ def play_matches(
     on_game: Callable[[GameRecord], None] = lambda record: None,
 ) -> list[GameRecord]:
     """Play `num_games` games of `model` against `opponent`, the model's seat alternating; game `i` uses seed
-    `seed + i` and puts the model in seat `i % num_players`. `on_game` sees each record as its game ends."""
+    `seed + i` and puts the model in seat `i % num_players`, and every seat samples from seeds of its own (seat and
+    game), so the same settings play the same games however the concurrent games interleave. `on_game` sees each
+    record as its game ends."""
     template = get_template(spec.prompt_template)
 
     def play(game: int) -> GameRecord:
         game_seed = seed + game
+        seat_seed = game_seed * spec.num_players + game % spec.num_players
         agents, model_seats = seat_agents(
             spec,
             game % spec.num_players,
-            lambda: PolicyAgent(client, model, template, tokenizer),
-            lambda pid: make_agent(opponent, client, template, tokenizer, seed=game_seed * spec.num_players + pid),
+            lambda: PolicyAgent(client, model, template, tokenizer, sampling_seed=seat_seed),
+            lambda pid: make_agent(
+                opponent, client, template, tokenizer, seed=game_seed * spec.num_players + pid, seeded_sampling=True
+            ),
             mirror=False,
         )
         record = play_episode(

@@ -41,14 +41,20 @@ class Row:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str = ""
     cached: int = 0  # prompt tokens taken from the prefix cache
+    seed: int | None = None  # the request's sampling seed (None: the engine's stream)
 
 
 def sample_tokens(
-    logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None
+    logits: torch.Tensor,
+    sampling: SamplingConfig,
+    generator: torch.Generator | None = None,
+    row_keys: list[int | None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row of `logits` (B, V); returns the tokens (B,) and their log-probs (B,) under the
     distribution they were drawn from: `softmax(logits / temperature)` cut to its `top_p` nucleus and
-    renormalised, as vLLM's processed log-probs (greedy: the untruncated temperature-1 log-probs)."""
+    renormalised, as vLLM's processed log-probs (greedy: the untruncated temperature-1 log-probs). A row with a key
+    in `row_keys` (`row_key`) draws by the Gumbel-max rule from noise that is a function of its key alone; the
+    others from `generator`."""
     logits = logits.float()
     if sampling.temperature == 0:
         tokens = logits.argmax(-1)  # (B,)
@@ -59,7 +65,39 @@ def sample_tokens(
             logits = logits.masked_fill(~top_p_nucleus(torch.softmax(logits, -1), sampling.top_p), -torch.inf)
         logprobs = torch.log_softmax(logits, -1)  # (B, V), -inf outside the nucleus
         tokens = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)  # (B,)
+        keyed = [i for i, key in enumerate(row_keys or ()) if key is not None]
+        if keyed:
+            noise = keyed_gumbel([row_keys[i] for i in keyed], logits.shape[-1], logits.device)  # (K, V)
+            tokens[keyed] = (logprobs[keyed].double() + noise).argmax(-1)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+MASK31 = (1 << 31) - 1
+
+
+def row_key(seed: int, step: int) -> int:
+    """The noise key of a seeded request's token number `step`: 31 bits of `seed` and `step` mixed (splitmix64)."""
+    x = (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) % (1 << 64)
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % (1 << 64)
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % (1 << 64)
+    return (x ^ (x >> 31)) & MASK31
+
+
+def _mix31(x: torch.Tensor) -> torch.Tensor:
+    """A 31-bit integer hash of each element of `x` (int64, each in [0, 2^31)); no product leaves int64."""
+    for _ in range(2):
+        x = ((x ^ (x >> 16)) * 0x45D9F3B) & MASK31
+    return x ^ (x >> 16)
+
+
+def keyed_gumbel(keys: list[int], vocab: int, device) -> torch.Tensor:
+    """Standard Gumbel noise (K, V), float64, each row a function of its key (`row_key`) alone: added to a row's
+    log-probs, its argmax is a draw from their distribution (the Gumbel-max rule), whatever rows run beside it."""
+    key = torch.tensor(keys, dtype=torch.long, device=device)[:, None]  # (K, 1)
+    token = torch.arange(vocab, dtype=torch.long, device=device)[None, :]  # (1, V)
+    bits = _mix31(_mix31(key) ^ _mix31(token))  # (K, V)
+    uniform = (bits.double() + 0.5) / (1 << 31)  # in (0, 1)
+    return -torch.log(-torch.log(uniform))
 
 
 def top_p_nucleus(probs: torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:
@@ -178,8 +216,9 @@ class DecodeBatch:
 
     def _record(self, logits: torch.Tensor, first_new_row: int) -> list[Row]:
         """Sample the next token of rows `first_new_row:` from their logits, append it, drop finished rows."""
-        tokens, logprobs = sample_tokens(logits, self.sampling, self.generator)  # (N,), (N,)
         new_rows = self.rows[first_new_row:]
+        keys = [None if row.seed is None else row_key(row.seed, len(row.tokens)) for row in new_rows]
+        tokens, logprobs = sample_tokens(logits, self.sampling, self.generator, keys)  # (N,), (N,)
         for row, token, logprob in zip(new_rows, tokens.tolist(), logprobs.tolist()):
             row.tokens.append(token)
             row.logprobs.append(logprob)

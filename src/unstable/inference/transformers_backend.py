@@ -169,7 +169,7 @@ class TransformersBackend(InferenceBackend):
         for tag, request in items:
             ids = self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
             if prompt_fits(ids, self.max_model_len, self.sampling):
-                rows.append(Row(tag, ids, self._adapter_name(request)))
+                rows.append(Row(tag, ids, self._adapter_name(request), seed=request.seed))
             else:
                 too_long.append((tag, prompt_too_long(ids)))
         return too_long + self._results(batch.add(rows))

@@ -169,9 +169,10 @@ class VLLMBackend(InferenceBackend):
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
 
-    def _sampling_params(self) -> SamplingParams:
+    def _sampling_params(self, seed: int | None = None) -> SamplingParams:
         greedy = self.sampling.temperature == 0
         return SamplingParams(
+            seed=seed,  # vLLM's per-request generator: the request's draws repeat whatever runs beside it
             max_tokens=self.sampling.max_new_tokens,
             temperature=self.sampling.temperature,
             top_p=1.0 if greedy else self.sampling.top_p,
@@ -200,9 +201,8 @@ class VLLMBackend(InferenceBackend):
             return prompt_too_long(prompt_ids)
         lora = await self._lora_request(request.checkpoint)
         try:
-            async for output in self.engine.generate(
-                tokens_input(prompt_ids), self._sampling_params(), str(next(self._request_ids)), lora_request=lora
-            ):
+            params, request_id = self._sampling_params(request.seed), str(next(self._request_ids))
+            async for output in self.engine.generate(tokens_input(prompt_ids), params, request_id, lora_request=lora):
                 completion = output.outputs[0]
         finally:
             if lora is not None:
