@@ -6,6 +6,7 @@ samples (a `Step` with its `reward` filled in); the learner turns samples into a
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Sequence
@@ -59,6 +60,13 @@ class Opponent:
     checkpoint: Checkpoint | None = None
     fixed: str | None = None
     api_model: str | None = None
+
+
+def mixed_seed(*parts: int) -> int:
+    """A 32-bit seed hashed from `parts` (vLLM also seeds numpy with it, which takes 32 bits): an inference actor's
+    own sampling stream, a seeded request's seed."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import Any, Protocol
 
 from unstable.games.actions import extract_action
 from unstable.games.agent import Agent
 from unstable.games.templates import PromptTemplate
-from unstable.records import Checkpoint, Decision, GenerationRequest, GenerationResult
+from unstable.records import Checkpoint, Decision, GenerationRequest, GenerationResult, mixed_seed
 
 
 class GenerationClient(Protocol):
@@ -67,9 +66,6 @@ class PolicyAgent(Agent):
         )
 
     def _request_seed(self) -> int | None:
-        """The next request's sampling seed: `sampling_seed` and the request's number, hashed into 32 bits."""
+        """The next request's sampling seed: `sampling_seed` and the request's number mixed (`mixed_seed`)."""
         self.requests += 1
-        if self.sampling_seed is None:
-            return None
-        digest = hashlib.blake2b(f"{self.sampling_seed}:{self.requests}".encode(), digest_size=4).digest()
-        return int.from_bytes(digest, "little")
+        return None if self.sampling_seed is None else mixed_seed(self.sampling_seed, self.requests)

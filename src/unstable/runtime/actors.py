@@ -16,7 +16,6 @@ actor on another node gets the checkpoints written there through Ray's object st
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import secrets
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from unstable.inference import InferenceClient, InferenceConfig, InferenceServer
 from unstable.inference.checkpoints import CheckpointCache, CheckpointFiles
 from unstable.pool import ModelPool
 from unstable.pool.config import PoolConfig
+from unstable.records import mixed_seed
 from unstable.runtime.remote import RemoteProxy
 from unstable.tracking import Tracker, TrackerConfig
 from unstable.tracking.sinks import make_sinks
@@ -238,13 +238,6 @@ def _checkpoint_cache(cfg: InferenceConfig, checkpoint_node: str | None, source)
         "inference actor on node %s: checkpoints of node %s are fetched into %s", here, checkpoint_node, cache.root
     )
     return cache
-
-
-def mixed_seed(*parts: int) -> int:
-    """A 32-bit seed hashed from `parts` (vLLM also seeds numpy with it, which takes 32 bits): an inference actor's
-    own sampling stream."""
-    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little")
 
 
 def _chat_tokenizer(cfg: CollectorConfig, model_path: str):

@@ -177,12 +177,12 @@ def launch_inference_group(
     import ray
 
     from unstable.inference import make_backend
+    from unstable.records import mixed_seed
     from unstable.runtime.actors import (
         CONTROL_CALLS,
         CheckpointSource,
         InferenceGroup,
         InferenceServerActor,
-        mixed_seed,
         on_node,
     )
 
