@@ -131,8 +131,8 @@ def test_the_light_actors_module_imports_no_torch():
 
 
 def test_the_driver_imports_no_torch():
-    """The process of `unstable train` drives the actors and loads no torch itself (its resume module imported torch
-    for the tensors of a state: ~2.8 CPU-s at every start)."""
+    """The modules of `unstable train`'s driver import no torch (its resume module imported it for the tensors of a
+    state: ~2.8 CPU-s at every start, also for `--resume` of a finished run or one refused before Ray starts)."""
     import subprocess
     import sys
 
