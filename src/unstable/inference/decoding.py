@@ -24,6 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from unstable.inference.base import SamplingConfig
 from unstable.inference.lora import LoRASlots
 from unstable.inference.prefix_cache import BLOCK, BlockKV, PrefixCache
+from unstable.records import mixed_seed
 
 # The attention kernels a decode forward may use. Not cuDNN's: it builds an execution plan for each new shape, and a
 # decode step's key length is new at every step (on an H100, `experiments/decode_profile.py`: 1.5-3x slower steps).
@@ -76,11 +77,8 @@ MASK31 = (1 << 31) - 1
 
 
 def row_key(seed: int, step: int) -> int:
-    """The noise key of a seeded request's token number `step`: 31 bits of `seed` and `step` mixed (splitmix64)."""
-    x = (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) % (1 << 64)
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % (1 << 64)
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % (1 << 64)
-    return (x ^ (x >> 31)) & MASK31
+    """The noise key of a seeded request's token number `step`: 31 bits of `seed` and `step` mixed."""
+    return mixed_seed(seed, step) & MASK31
 
 
 def _mix31(x: torch.Tensor) -> torch.Tensor:
