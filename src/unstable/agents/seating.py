@@ -62,16 +62,14 @@ def make_agent(
     tokenizer: Any,
     seed: int,
     game: int | None = None,
-    seeded_sampling: bool = False,
+    sampling_seed: int | None = None,
 ) -> Agent:
     """A `PolicyAgent` playing `opponent.checkpoint` through `client` with `template` and `tokenizer` in `game`
-    (its requests seeded from `seed` if `seeded_sampling`); an `APIAgent` for `opponent.api_model` configured from
+    (its requests seeded from `sampling_seed`, None: unseeded); an `APIAgent` for `opponent.api_model` configured from
     the environment (`APISettings.from_env`); or else the scripted agent `opponent.fixed` drawing its randomness from
     `seed` (these two need no client or template)."""
     if opponent.checkpoint is not None:
-        return PolicyAgent(
-            client, opponent.checkpoint, template, tokenizer, game, sampling_seed=seed if seeded_sampling else None
-        )
+        return PolicyAgent(client, opponent.checkpoint, template, tokenizer, game, sampling_seed)
     if opponent.api_model is not None:
         return APIAgent(opponent.api_model, APISettings.from_env())
     return make_scripted_agent(opponent.fixed, seed=seed)

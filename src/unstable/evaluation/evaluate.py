@@ -57,15 +57,16 @@ def play_matches(
     template = get_template(spec.prompt_template)
 
     def play(game: int) -> GameRecord:
-        game_seed = seed + game
-        seat_seed = game_seed * spec.num_players + game % spec.num_players
+        game_seed, model_seat = seed + game, game % spec.num_players
+
+        def seat_seed(pid: int) -> int:
+            return game_seed * spec.num_players + pid
+
         agents, model_seats = seat_agents(
             spec,
-            game % spec.num_players,
-            lambda: PolicyAgent(client, model, template, tokenizer, sampling_seed=seat_seed),
-            lambda pid: make_agent(
-                opponent, client, template, tokenizer, seed=game_seed * spec.num_players + pid, seeded_sampling=True
-            ),
+            model_seat,
+            lambda: PolicyAgent(client, model, template, tokenizer, sampling_seed=seat_seed(model_seat)),
+            lambda pid: make_agent(opponent, client, template, tokenizer, seat_seed(pid), sampling_seed=seat_seed(pid)),
             mirror=False,
         )
         record = play_episode(
