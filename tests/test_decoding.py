@@ -118,6 +118,21 @@ def test_a_keyed_row_draws_the_same_token_whatever_rows_run_beside_it():
     assert together[keyed].tolist() == alone == shuffled[keyed].tolist()
 
 
+def test_keyed_rows_draw_nothing_from_the_engines_generator():
+    """The unseeded rows' generator moves only for the unseeded rows: a batch of keyed rows leaves it as it was, and
+    the unseeded rows beside keyed ones draw as they would alone."""
+    logits = torch.randn(4, 50)
+    generator = torch.Generator().manual_seed(0)
+    before = generator.get_state()
+    sample_tokens(logits, SamplingConfig(temperature=1.0), generator, row_keys=[row_key(1, 0)] * 4)
+    assert torch.equal(generator.get_state(), before)
+    alone = sample_tokens(logits[1:3], SamplingConfig(temperature=1.0), torch.Generator().manual_seed(5))[0]
+    mixed = sample_tokens(
+        logits, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(5), [row_key(2, 0), None, None, 7]
+    )[0]
+    assert mixed[1:3].tolist() == alone.tolist()
+
+
 def test_keyed_draws_follow_the_tempered_nucleus_distribution():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(20000, 1)  # (N, V)
     keys = [row_key(seed, 0) for seed in range(20000)]
