@@ -193,6 +193,23 @@ def test_a_model_directory_that_loads_or_is_to_be_built_passes(tmp_path):
     assert validate_config(_minimal(model={"path": str(empty), "build_tiny_if_missing": True}))
 
 
+def test_the_config_a_runs_actors_get_names_its_local_paths_absolutely(tmp_path, monkeypatch):
+    """On a Ray cluster a run joins, its actors' working directory is not the driver's: a relative model or adapter
+    path (`.cache/tiny-qwen3`, a warm start under `run.dir: runs`) reaches them absolute; a hub name stays as it is."""
+    from unstable.config.schema import with_absolute_paths
+
+    monkeypatch.chdir(tmp_path)
+    _model_dir(tmp_path / "model")
+    (tmp_path / "adapter").mkdir()
+    cfg = validate_config(_minimal(model={"path": "model"}, learner={"policy": {"initial_lora_path": "adapter"}}))
+    absolute = with_absolute_paths(cfg)
+    assert absolute.model.path == str(tmp_path / "model")
+    assert absolute.learner.policy.initial_lora_path == str(tmp_path / "adapter")
+    assert absolute.learner == cfg.learner.model_copy(update={"policy": absolute.learner.policy})  # nothing else
+    hub = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": "org/model"})})
+    assert with_absolute_paths(hub).model.path == "org/model"
+
+
 def test_a_run_dir_that_cannot_be_made_is_refused_before_anything_is_created(tmp_path):
     from unstable.runtime.driver import check_run_dir
 

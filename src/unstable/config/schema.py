@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import reduce
 from pathlib import Path
 from typing import Any, Literal
 
@@ -260,6 +261,24 @@ def run_config_data(cfg: RunConfig, run_dir: str | Path) -> dict[str, Any]:
             full = Path(value).resolve()
             _set_field(data, field, str(full.relative_to(root)) if full.is_relative_to(root) else str(full))
     return data
+
+
+def with_absolute_paths(cfg: RunConfig) -> RunConfig:
+    """`cfg` with each `PATH_FIELDS` value that names a local path made absolute from the working directory: the
+    config a run's actors get, whose working directory is not the driver's on a Ray cluster the run joins."""
+    for field in PATH_FIELDS:
+        value = reduce(getattr, field.split("."), cfg)
+        if value is not None and not Path(value).is_absolute() and Path(value).exists():
+            cfg = _with_field(cfg, field.split("."), str(Path(value).resolve()))
+    return cfg
+
+
+def _with_field(settings: Any, names: list[str], value: Any) -> Any:
+    """A copy of the settings model `settings` with its field at the path `names` set to `value` (not validated
+    again: the value is the same path, spelled absolutely)."""
+    head, *rest = names
+    inner = _with_field(getattr(settings, head), rest, value) if rest else value
+    return settings.model_copy(update={head: inner})
 
 
 def _inside(value: str | None, run_dir: Path) -> str | None:

@@ -22,7 +22,7 @@ import yaml
 
 from unstable import atomic
 from unstable.config import ConfigError, RunConfig, load_config
-from unstable.config.schema import run_config_data
+from unstable.config.schema import run_config_data, with_absolute_paths
 from unstable.records import GameRecord
 from unstable.runtime import resume
 from unstable.runtime.topology import Topology, build_topology, init_ray, resolve_model_path
@@ -509,10 +509,12 @@ def check_resources(cfg: RunConfig) -> None:
 def _run_on_ray(
     cfg: RunConfig, run_dir: Path, on_row: Callable[[dict[str, Any]], None], point: tuple[int, Path] | None
 ) -> RunSummary:
-    """Start Ray, build the topology, restore the saved state `point` (`resume.latest_state`) if given, `run`, shut
-    Ray down."""
+    """Start (or join) Ray, build the topology of `cfg` with its local paths absolute (`with_absolute_paths`), restore
+    the saved state `point` (`resume.latest_state`) if given, `run`, and leave Ray (stopping it if the run started
+    it)."""
     import ray
 
+    cfg = with_absolute_paths(cfg)
     init_ray(cfg)
     start_step = point[0] if point else 0
     try:

@@ -47,11 +47,11 @@ class Topology:
 
 
 def resolve_model_path(cfg: RunConfig) -> str:
-    """The model directory, building the tiny test model first when the config asks for it."""
+    """The model directory, building the tiny test model first (named absolutely) when the config asks for it."""
     if cfg.model.build_tiny_if_missing:
         from unstable.models.tiny import ensure_tiny_model
 
-        return str(ensure_tiny_model(cfg.model.path, cfg.model.tiny_shape))
+        return str(ensure_tiny_model(cfg.model.path, cfg.model.tiny_shape).resolve())
     return cfg.model.path
 
 
