@@ -85,6 +85,7 @@ def test_a2c_and_an_old_configs_buffer_discount_train_through_unstable_train(tin
     assert calls == ["start_learner_group", "await_inference_group"]
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 def test_two_inference_actors_both_serve_games_and_both_serve_the_newest_adapter(tiny_model_dir, tmp_path):
     overrides = tiny_run(tmp_path, tiny_model_dir, "two-actors", "learner.num_steps=2", *TWO_ACTORS_LORA)
     summary = train(load_config(EXAMPLE, overrides))
@@ -112,12 +113,12 @@ def test_two_inference_actors_sample_different_completions_for_one_prompt(tiny_m
 
     from unstable.inference import InferenceConfig
     from unstable.records import GenerationRequest
-    from unstable.runtime.topology import start_inference_group
+    from unstable.runtime.topology import await_inference_group, launch_inference_group
 
     ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
     try:
         inference = InferenceConfig(num_actors=2, max_new_tokens=16)
-        servers = start_inference_group(inference, tiny_model_dir).servers
+        servers = await_inference_group(*launch_inference_group(inference, tiny_model_dir)).servers
         request = GenerationRequest("<|im_start|>user\nYour move.<|im_end|>\n<|im_start|>assistant\n")
         first, second = ray.get([server.generate.remote(request) for server in servers])
         assert first.completion_token_ids != second.completion_token_ids  # each actor samples its own stream
@@ -131,11 +132,11 @@ def test_inference_actors_needing_more_gpus_than_the_cluster_has_are_refused_in_
 
     from unstable.config import ConfigError
     from unstable.inference import InferenceConfig
-    from unstable.runtime.topology import start_inference_group
+    from unstable.runtime.topology import launch_inference_group
 
     ray.init(num_cpus=1, num_gpus=1, include_dashboard=False, ignore_reinit_error=True)
     try:
         with pytest.raises(ConfigError, match=r"inference.num_actors = 2 x inference.num_gpus = 1.0: 2.0 GPUs, but"):
-            start_inference_group(InferenceConfig(num_actors=2, num_gpus=1), "org/model")
+            launch_inference_group(InferenceConfig(num_actors=2, num_gpus=1), "org/model")
     finally:
         ray.shutdown()

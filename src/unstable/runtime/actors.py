@@ -192,7 +192,7 @@ class InferenceServerActor(InferenceServer):
     """An inference server Ray restarts (up to `InferenceConfig.max_restarts` times) when its process dies.
 
     `backend_factory(seed=...)` builds its engine, sampling from the stream `seed` names (one per actor, see
-    `topology.start_inference_group`). A restarted one loads its engine again at once, with `seed` mixed with a
+    `topology.launch_inference_group`). A restarted one loads its engine again at once, with `seed` mixed with a
     fresh restart nonce so it does not replay the stream its dead process began. Meanwhile the collector's
     `InferenceClient` sends its requests to the other actors (`_actor_gone`); with none, the games waiting on it fail
     (counted in `collector/failed_games` and by cause) and the collector starts new games in their place.

@@ -25,7 +25,7 @@ from unstable.inference.config import InferenceConfig
 from unstable.learner.config import LearnerConfig, LoraConfig, nest_flat_fields
 from unstable.pool.config import PoolConfig
 from unstable.runtime.actors import CollectorActor, ModelPoolActor, StepBufferActor, TrackerActor
-from unstable.runtime.topology import start_inference_group, start_learner_group
+from unstable.runtime.topology import await_inference_group, launch_inference_group, start_learner_group
 from unstable.tracking import TrackerConfig, new_run_dir
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,8 @@ def _collector(
 ) -> Any:
     """The original API's `Collector(num_actors, step_buffer, model_pool, tracker, vllm_config, training_envs,
     evaluation_envs, evaluation_opponent)`: the `num_actors` inference servers of `vllm_config` are started first
-    (`topology.start_inference_group`, as the YAML path's builder starts its own), then the collector with them. Any
+    (`topology.launch_inference_group`, as the YAML path's builder starts its own, and `await_inference_group`), then
+    the collector with them. Any
     other `CollectorConfig` field by keyword; envs as `(env_id, players, template)`; the one `evaluation_opponent` is
     the list of that opponent. An engine that does not start raises its ConfigError here, in the script."""
     if vllm_config is None:
@@ -107,7 +108,7 @@ def _collector(
     model_path, inference = inference_from_vllm_config(vllm_config, num_actors)
     lora_rank = (vllm_config.get("lora_config") or {}).get("lora_rank")
     # the original API names its games in flight later, in `collect(num_workers)`: any number up to the bound
-    group = start_inference_group(inference, model_path, lora_rank=lora_rank)
+    group = await_inference_group(*launch_inference_group(inference, model_path, lora_rank=lora_rank))
     return CollectorActor.options(**ray_options).remote(cfg, group, step_buffer, model_pool, tracker)
 
 

@@ -3,7 +3,7 @@
 No component constructs another. `build_topology(cfg, run_dir)` starts the shells of `runtime.actors` as peers
 (tracker, buffer, pool, the inference group, collector, the learner group) and returns their handles;
 `runtime.driver.run` drives them. The original API's actor classes (`runtime.original_api`) start the inference and
-learner groups through the same `start_inference_group` and `start_learner_group`.
+learner groups through the same `launch_inference_group` (then `await_inference_group`) and `start_learner_group`.
 
 On a Ray cluster every actor that writes the run directory (Tracker, StepBuffer, ModelPool, Collector and the
 learner, which all log there, the learner also saving checkpoints and states) runs on the driver's node; only the
@@ -143,14 +143,6 @@ def build_topology(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> Topol
     return Topology(run_dir, tracker, buffer, pool, inference, collector, learner)
 
 
-def start_inference_group(*args: Any, **kwargs: Any) -> InferenceGroup:
-    """`launch_inference_group(*args, **kwargs)` and wait until every engine has started
-    (`await_inference_group`)."""
-    group, starting = launch_inference_group(*args, **kwargs)
-    await_inference_group(group, starting)
-    return group
-
-
 def launch_inference_group(
     inference: InferenceConfig,
     model_path: str,
@@ -164,9 +156,9 @@ def launch_inference_group(
 ) -> tuple[InferenceGroup, list]:
     """The inference group of a run, its engines starting: `inference.num_actors` inference server actors of the
     base model at `model_path` (weights in `dtype`), serving adapters up to `lora_rank`. The YAML path's builder
-    starts its own here and its learner beside them; the original API's Collector through `start_inference_group`,
-    which waits. Each actor samples with its own seed, mixed from the run's `seed`, its
-    index and `resume_step` (0 for a fresh run): no two actors, nor two sessions of a resumed run, share a stream.
+    starts its own here and its learner beside them; the original API's Collector waits for its engines at once.
+    Each actor samples with its own seed, mixed from the run's `seed`, its index and `resume_step` (0 for a fresh
+    run): no two actors, nor two sessions of a resumed run, share a stream.
     The seeds are logged. Each actor gets a Ray thread per request the collector may have in flight
     (`requests_in_flight`: `CollectorConfig.requests_in_flight`, vines included) and `CONTROL_CALLS` more: Ray makes
     every thread of a threaded actor, and over a long run each one is used and its stack touched (4,096 threads grew
@@ -210,9 +202,9 @@ def launch_inference_group(
     return InferenceGroup(servers, inference, model_path), [server.start.remote() for server in servers]
 
 
-def await_inference_group(group: InferenceGroup, starting: list) -> None:
-    """Wait for `starting`, the calls that start the engines of `group` (`launch_inference_group`); an engine that
-    does not start raises a ConfigError of one line."""
+def await_inference_group(group: InferenceGroup, starting: list) -> InferenceGroup:
+    """Wait for `starting`, the calls that start the engines of `group` (`launch_inference_group`), and return the
+    group; an engine that does not start raises a ConfigError of one line."""
     import ray
 
     try:
@@ -223,6 +215,7 @@ def await_inference_group(group: InferenceGroup, starting: list) -> None:
         raise ConfigError(
             f"inference.backend = {group.cfg.backend}: the inference engine did not start: {_first_line(cause)}"
         ) from exc
+    return group
 
 
 ENGINE_START_S = 1800.0  # the longest an inference actor may take to start, restarts included
