@@ -2,6 +2,8 @@
 tiny model is marked `slow` (`make check` runs the others)."""
 
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -20,6 +22,36 @@ def tiny_model_dir(tmp_path_factory) -> str:
     from unstable.models.tiny import ensure_tiny_model
 
     return str(ensure_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen3"))
+
+
+@pytest.fixture(scope="session")
+def _ray_head() -> str:
+    """One Ray head node per test process (each pytest-xdist worker), started at its first use and kept to the end:
+    the address runs join instead of each starting and stopping a Ray of its own (~8 CPU-s and seconds of wall time
+    per run). Two CPUs, as a run's own Ray gets on this machine. Its address file goes to a temporary directory of its
+    own, so only a run given its address (`shared_ray`) joins it."""
+    from ray.cluster_utils import Cluster
+
+    saved = {name: os.environ.get(name) for name in ("RAY_TMPDIR", "RAY_prestart_worker_first_driver")}
+    temp_dir = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's socket paths live in it
+    os.environ |= {"RAY_TMPDIR": temp_dir, "RAY_prestart_worker_first_driver": "0"}
+    try:
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+    yield cluster.address
+    cluster.shutdown()
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def shared_ray(_ray_head, monkeypatch) -> str:
+    """Runs of this test (in process, or commands it starts) join the test process's Ray head through RAY_ADDRESS,
+    as a run joins a cluster: each run is one Ray job, whose actors Ray ends with it. Not for tests that kill a run's
+    whole process tree or start their own Ray."""
+    monkeypatch.setenv("RAY_ADDRESS", _ray_head)
+    return _ray_head
 
 
 @pytest.fixture

@@ -102,6 +102,7 @@ def test_the_report_states_the_balance():
         assert f"- {line}" in markdown
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 @pytest.mark.slow
 def test_unstable_train_logs_the_balance_per_step_and_prints_its_recommendation(tiny_model_dir, tmp_path, capsys):
     from unstable.cli.main import main

@@ -198,6 +198,7 @@ def _train(args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 @pytest.mark.slow
 def test_unstable_train_saves_every_5_steps_keeps_2_and_resumes(tiny_model_dir, tmp_path):
     overrides = tiny_run(
@@ -237,6 +238,7 @@ def test_no_actor_shell_makes_ray_keep_a_record_of_each_call():
     assert [s for s in shells if s._default_options.get("enable_task_events") is not False] == []
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 @pytest.mark.slow
 def test_unstable_train_keeps_the_ladder_within_the_pools_bound(tiny_model_dir, tmp_path):
     """Every game against the anchor, one active checkpoint and `pool.max_retired=1`: however many checkpoints the
@@ -254,7 +256,7 @@ def test_unstable_train_keeps_the_ladder_within_the_pools_bound(tiny_model_dir, 
     assert read_rows(run_dir)[-1][keys.POOL_CHECKPOINTS] == 7
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # its own Ray: it reads the inference actor's threads in the run's process tree
 def test_the_inference_actor_holds_a_thread_per_game_that_can_call_it_not_thousands(tiny_model_dir, tmp_path):
     """Ray gives a threaded actor `max_concurrency` threads, and over a long run each one is used and its stack
     touched: the soak's inference actor grew by ~0.1 MB per learner step with 4,096 of them. On the YAML path it

@@ -133,6 +133,7 @@ def test_kuhn_branches_see_the_same_deals_while_other_games_run():
     assert _deals([(s.player_id, s.observation) for s in r.steps] for r in alone) == deals[5]  # its seed decides
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 @pytest.mark.slow
 def test_kuhn_groups_see_the_same_deals_through_unstable_train(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv(RECORDS_ENV, str(tmp_path))  # the collector writes every game's branches there

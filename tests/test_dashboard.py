@@ -116,6 +116,7 @@ def _pane(socket: str, session: str) -> str:
     ).stdout
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 @pytest.mark.slow
 def test_the_dashboard_follows_a_live_run_under_tmux(tmp_path, tiny_model_dir):
     """A real short training run; the dashboard in a tmux pane shows its learner step and numbers change."""

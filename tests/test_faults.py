@@ -220,10 +220,14 @@ def test_ray_restarts_a_dead_inference_actor_and_its_in_flight_request_fails():
 
 
 def _inference_actors() -> list[dict]:
-    """The inference actors in this test's Ray actor table (Ray's own state helper: no dashboard needed)."""
+    """The inference actors of this test's Ray job (Ray's own state helper: no dashboard needed; a shared Ray's table
+    also holds the actors of earlier jobs)."""
+    import ray
     from ray._private import state
 
-    return [actor for actor in state.actors().values() if actor["ActorClassName"] == "InferenceServerActor"]
+    job = ray.get_runtime_context().get_job_id()
+    actors = state.actors().values()
+    return [a for a in actors if a["ActorClassName"] == "InferenceServerActor" and a["JobID"] == job]
 
 
 def _wait_until_restarted(actor_id: str, timeout_s: float = 300.0) -> None:
@@ -237,6 +241,7 @@ def _wait_until_restarted(actor_id: str, timeout_s: float = 300.0) -> None:
         time.sleep(0.5)
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 def test_an_inference_actor_killed_mid_run_costs_only_games_in_flight_and_comes_back(tiny_model_dir, tmp_path):
     from unstable.config import load_config
     from unstable.runtime import train
@@ -428,6 +433,7 @@ def _unstable_train(overrides: list[str], env: dict[str, str], timeout: float, h
     return run.returncode, out, err
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 def test_a_run_whose_learner_cannot_play_after_its_first_update_stops_with_the_cause_and_status_1(
     tiny_model_dir, tmp_path
 ):
@@ -464,6 +470,7 @@ def test_a_run_whose_learner_cannot_play_after_its_first_update_stops_with_the_c
     assert rows[-1][keys.TOTAL_FAILED_GAMES] >= 8 and rows[-1][keys.FAILED_BY_CAUSE + "RuntimeError"] >= 8
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 def test_a_learner_that_makes_no_step_for_the_stall_timeout_stops_the_run_saying_what_each_part_did(
     tiny_model_dir, tmp_path
 ):

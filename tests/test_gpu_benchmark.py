@@ -26,6 +26,7 @@ OF_A_BOUND = (  # measured over a nominal peak far above anything the tiny model
 SECONDS = ("weight_sync_seconds_lora", "weight_sync_seconds_full")
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 @pytest.mark.slow
 def test_the_gpu_benchmark_smoke_run_writes_every_row_as_a_fraction(tiny_model_dir, tmp_path):
     out = tmp_path / "gpu.json"

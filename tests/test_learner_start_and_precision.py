@@ -123,6 +123,7 @@ def test_bf16_lora_keeps_the_frozen_base_in_bf16_and_the_adapter_in_float32(tiny
 # --- through `unstable train` ---------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 @pytest.mark.slow
 def test_a_lora_warm_start_with_a_kl_penalty_starts_at_zero_kl_and_its_anchor_moves(tiny_model_dir, tmp_path):
     overrides = tiny_run(
@@ -148,6 +149,7 @@ def test_a_lora_warm_start_with_a_kl_penalty_starts_at_zero_kl_and_its_anchor_mo
         torch.testing.assert_close(weight, state["policy"][name], msg=name)
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 @pytest.mark.slow
 def test_bf16_full_finetuning_through_the_loop_updates_float32_masters(tiny_model_dir, tmp_path):
     overrides = tiny_run(

@@ -345,6 +345,7 @@ def test_two_sharded_full_fine_tuning_learners_through_unstable_train_log_each_s
     assert whole.num_parameters() == AutoModelForCausalLM.from_pretrained(tiny_model_dir).num_parameters()
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 @pytest.mark.slow  # runs of unstable train
 def test_a_learner_rank_that_fails_stops_the_run_at_once_naming_it(tiny_model_dir, tmp_path, monkeypatch):
     """Rank 1 fails its first update while rank 0 waits for it in the gradients' all-reduce: the run stops with

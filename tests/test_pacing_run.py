@@ -13,6 +13,7 @@ from .runs import EXAMPLE, tiny_run
 pytestmark = pytest.mark.slow  # a run of unstable train
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 def test_a_paced_run_drops_few_of_the_steps_it_generates(tiny_model_dir, tmp_path):
     # the demo's proportions cut down: 16 games in flight, a buffer of 2 batches, the learner slower than the games
     overrides = tiny_run(

@@ -11,6 +11,7 @@ from unstable.tracking import Tracker, TrackerConfig, keys
 from .runs import EXAMPLE, tiny_run
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 @pytest.mark.slow
 def test_the_progress_line_shows_the_training_win_rate_per_opponent(tiny_model_dir, tmp_path, capsys):
     overrides = tiny_run(

@@ -86,6 +86,7 @@ def test_the_benchmark_recipes_are_the_ones_measured_from_a_fresh_clone():
     assert kuhn.learner.algorithm.args == {"ref_kl_coef": 0.1}  # the benchmark's RECIPE_ARGS of then
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["kuhn-poker-tiny.yaml", "kuhn-poker-tiny-vines.yaml"])
 def test_a_recipe_runs_through_unstable_train_as_it_is(recipe, tiny_model_dir, tmp_path):

@@ -24,6 +24,7 @@ def _steps(run_dir: Path) -> list[int]:
     return [r[keys.STEP] for r in rows if keys.STEP in r]
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 def test_a_run_moved_elsewhere_resumes_from_another_directory_and_finishes(tiny_model_dir, tmp_path, monkeypatch):
     launch, other = tmp_path / "launch", tmp_path / "other"
     launch.mkdir()

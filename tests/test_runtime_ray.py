@@ -16,6 +16,7 @@ from .runs import EXAMPLE, TWO_ACTORS_LORA, run_rows, tiny_run
 pytestmark = pytest.mark.slow  # Ray
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 def test_two_learner_steps_through_ray(tiny_model_dir, tmp_path):
     overrides = tiny_run(
         tmp_path,
@@ -57,6 +58,7 @@ def test_two_learner_steps_through_ray(tiny_model_dir, tmp_path):
     assert step[keys.POOL_CHECKPOINTS] == 3 and {e["agent"] for e in ladder} >= {"ckpt--1"}
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 def test_a2c_and_an_old_configs_buffer_discount_train_through_unstable_train(tiny_model_dir, tmp_path, monkeypatch):
     """A config from before the discount became a reward transform (`buffer.discount`) trains A2C with a bootstrapped
     critic; the run's saved config, which `--resume` reads back, holds the discount as the first step transform. The

@@ -215,6 +215,7 @@ def test_vines_and_branching_together_are_refused():
     ("algorithm", "decisions", "chance", "baseline_args"),
     [("reinforce", "spread", "fixed", "{by_action: true}"), ("ppo", "all", "resample", "{bootstrap: true}")],
 )
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 def test_vines_train_through_unstable_train(
     tiny_model_dir, tmp_path, monkeypatch, algorithm, decisions, chance, baseline_args
 ):
