@@ -174,11 +174,12 @@ SCALES = ((1, 1), (1, 2), (2, 1), (2, 2))  # (learner.num_learners, inference.nu
 
 
 def run_scale(args) -> dict:
-    """The loop of `run_loop` once per pair of `SCALES`, one at a time, with the same steps and games in flight."""
+    """The loop of `run_loop` once per pair of `args.scales` (default `SCALES`), one at a time, with the same steps and
+    games in flight."""
     from unstable.config import load_config
 
     runs = {}
-    for learners, actors in SCALES:
+    for learners, actors in args.scales:
         name = f"{learners}x{actors}"
         scale = [f"learner.num_learners={learners}", f"inference.num_actors={actors}", f"run.name=bench-scale-{name}"]
         cfg = load_config(
@@ -188,8 +189,19 @@ def run_scale(args) -> dict:
     return {"backend": args.backend, "settings": settings(args), "runs": runs}
 
 
+def scale_pair(text: str) -> tuple[int, int]:
+    """`--scales`' `LxA`: learners and inference actors, each at least 1."""
+    try:
+        learners, actors = (int(part) for part in text.split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not LEARNERSxACTORS, e.g. 2x1") from None
+    if min(learners, actors) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: at least 1 learner and 1 inference actor")
+    return learners, actors
+
+
 def print_scale(result: dict) -> None:
-    """The four runs of `run_scale` as a table, each with its recommendation."""
+    """The runs of `run_scale` as a table, each with its recommendation."""
     print(f"{'learners x actors':<19}{'games/s':>9}{'learner tok/s':>15}{'learner wait':>14}{'held back':>11}  advice")
     for name, run in result["runs"].items():
         games, tokens = run["games_per_s"], run["learner_tokens_per_s"]
@@ -268,6 +280,14 @@ def main() -> None:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--routing", action="store_true", help="compare inference.routing over 2 inference actors")
     mode.add_argument("--scale", action="store_true", help="1 and 2 learners x 1 and 2 inference actors")
+    parser.add_argument(
+        "--scales",
+        type=scale_pair,
+        nargs="+",
+        default=list(SCALES),
+        metavar="LxA",
+        help="with --scale: the runs, each learners x inference actors (default: 1x1 1x2 2x1 2x2)",
+    )
     parser.add_argument("--out", help="default: benchmarks/results/loop.json (routing.json, scaling.json)")
     args = parser.parse_args()
     default = "routing" if args.routing else "scaling" if args.scale else "loop"

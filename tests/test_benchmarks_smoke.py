@@ -109,6 +109,7 @@ def test_every_benchmark_and_experiment_has_a_smoke_run_or_a_reason():
     assert scripts == set(SMOKES) | set(NOT_HERE), "add the new script to SMOKES (or NOT_HERE, with the reason)"
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 @pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(SMOKES))
 def test_the_benchmark_runs_with_its_smallest_settings(script, tiny_model_dir, tmp_path):
@@ -119,6 +120,7 @@ def test_the_benchmark_runs_with_its_smallest_settings(script, tiny_model_dir, t
         assert (tmp_path / written).stat().st_size > 0
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 @pytest.mark.slow
 def test_the_loop_benchmark_compares_the_routings(tiny_model_dir, tmp_path):
     """`loop.py --routing`: the loop with 2 inference actors once per `inference.routing`."""
@@ -129,18 +131,21 @@ def test_the_loop_benchmark_compares_the_routings(tiny_model_dir, tmp_path):
     assert set(result["runs"]) == {"least_outstanding", "game"} and "prefix_cache_hit_rate" in result["runs"]["game"]
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 @pytest.mark.slow
 def test_the_loop_benchmark_compares_learners_and_inference_actors(tiny_model_dir, tmp_path):
-    """`loop.py --scale`: the loop with 1 and 2 learners x 1 and 2 inference actors, each run's balance."""
-    args = ["--scale", "--steps", "2", "--workers", "2", "--batch-size", "4", "--max-new-tokens", "4"]
-    args += ["--run-dir", f"{TMP}/runs", "--out", f"{TMP}/scaling.json"]
+    """`loop.py --scale`: the loop with 2 learners x 2 inference actors (the default's largest of its four runs; the
+    others differ only in the two counts), its balance."""
+    args = ["--scale", "--scales", "2x2", "--steps", "2", "--workers", "2", "--batch-size", "4"]
+    args += ["--max-new-tokens", "4", "--run-dir", f"{TMP}/runs", "--out", f"{TMP}/scaling.json"]
     assert "learner tok/s" in run_benchmark("benchmarks/loop.py", args, tmp_path, tiny_model_dir)
     runs = json.loads((tmp_path / "scaling.json").read_text())["runs"]
-    assert [(run["learners"], run["inference_actors"]) for run in runs.values()] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert [(run["learners"], run["inference_actors"]) for run in runs.values()] == [(2, 2)]
     for run in runs.values():
         assert run["learner_tokens_per_s"] > 0 and 0 <= run["learner_wait_share"] <= 1 and run["recommendation"]
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 @pytest.mark.slow
 def test_the_learning_benchmark_and_its_reevaluation(tiny_model_dir, tmp_path):
     """One recipe (the TicTacToe one: its curve, the minimax column; the Kuhn Poker recipe runs through `unstable

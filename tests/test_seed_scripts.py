@@ -109,16 +109,22 @@ import json
 print({LADDER_MARK!r} + json.dumps(ray.get(model_pool.metrics.remote())[{keys.POOL_LADDER!r}]))"""
 
 
-@pytest.mark.parametrize("opponent_up", [True, False], ids=["api-up", "api-down"])
-def test_seed_002_training_script_with_an_api_evaluation_opponent(tiny_model_dir, tmp_path, opponent_up):
-    """Training with evaluation games against the seed's API model; when the endpoint is down (HTTP 500 on every
-    retry) those games fail, which `tests/test_api_opponent.py` checks game by game, and training still finishes.
+UP_FOR = 8  # the API opponent answers this many requests (a game of either env takes one or two), then is down
+
+
+def test_seed_002_training_script_with_an_api_evaluation_opponent_that_goes_down(tiny_model_dir, tmp_path):
+    """Training with evaluation games against the seed's API model, whose endpoint answers its first `UP_FOR`
+    requests and then is down (HTTP 500 on every retry): the games played while it was up are rated, those after
+    fail (which `tests/test_api_opponent.py` checks game by game), and training still finishes.
 
     The seed's script exits once training ends; here it then waits for the games still in flight (the collector
     starts no new ones after training) and prints the pool's ladder, so a rated evaluation game does not depend on
     finishing before the learner's last step."""
-    down = (500, {"error": {"message": "down"}})
-    with serve(_api_model_reply if opponent_up else lambda *_: down) as chat:
+
+    def up_then_down(number: int, headers: dict, body: dict):
+        return _api_model_reply(number, headers, body) if number <= UP_FOR else (500, {"error": {"message": "down"}})
+
+    with serve(up_then_down) as chat:
         env = _offline_env(tmp_path) | {"UNSTABLE_API_BASE_URL": chat.url}
         stdout = _run(
             (ROOT / "examples" / "seed_training.py").read_text(),
@@ -143,7 +149,7 @@ def test_seed_002_training_script_with_an_api_evaluation_opponent(tiny_model_dir
         requests = len(chat.requests)
     ladder = json.loads(stdout.split(LADDER_MARK, 1)[1])
     rows = _metrics(tmp_path / "runs" / "demo")
-    assert [r["learner/step"] for r in rows] == [1, 2]  # training finished either way
-    assert requests > 0, "no evaluation game reached the API opponent"
-    if opponent_up:  # eval games were played and rated (a failed game is never rated)
-        assert "google/gemini-2.0-flash-lite-001" in {entry["agent"] for entry in ladder}
+    assert [r["learner/step"] for r in rows] == [1, 2]  # training finished, the endpoint down for its later part
+    assert requests > UP_FOR, f"the evaluation games made {requests} requests: none met the endpoint down"
+    # games were played and rated while it was up (a failed game is never rated)
+    assert "google/gemini-2.0-flash-lite-001" in {entry["agent"] for entry in ladder}
