@@ -4,6 +4,7 @@ tiny model is marked `slow` (`make check` runs the others)."""
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -25,7 +26,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
-def _ray_head() -> str:
+def _ray_head() -> Iterator[str]:
     """One Ray head node per test process (each pytest-xdist worker), started at its first use and kept to the end:
     the address runs join instead of each starting and stopping a Ray of its own (~8 CPU-s and seconds of wall time
     per run). Two CPUs, as a run's own Ray gets on this machine. Its address file goes to a temporary directory of its
@@ -39,7 +40,10 @@ def _ray_head() -> str:
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
     finally:
         for name, value in saved.items():
-            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     yield cluster.address
     cluster.shutdown()
     shutil.rmtree(temp_dir, ignore_errors=True)
