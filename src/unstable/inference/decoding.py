@@ -65,15 +65,15 @@ def sample_tokens(
         if sampling.top_p < 1.0:
             logits = logits.masked_fill(~top_p_nucleus(torch.softmax(logits, -1), sampling.top_p), -torch.inf)
         logprobs = torch.log_softmax(logits, -1)  # (B, V), -inf outside the nucleus
-        keys = row_keys or [None] * len(logits)
-        keyed = [i for i, key in enumerate(keys) if key is not None]
-        free = [i for i, key in enumerate(keys) if key is None]
-        tokens = torch.empty(len(logits), dtype=torch.long, device=logits.device)  # (B,)
-        if free:
-            probs = logprobs.exp() if not keyed else logprobs[free].exp()
-            tokens[free] = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        if keyed:
-            noise = keyed_gumbel([keys[i] for i in keyed], logits.shape[-1], logits.device)  # (K, V)
+        keyed = [i for i, key in enumerate(row_keys or ()) if key is not None]
+        if not keyed:  # training's rows: one draw from the generator, as every decode step makes
+            tokens = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)  # (B,)
+        else:
+            tokens = torch.empty(len(logits), dtype=torch.long, device=logits.device)  # (B,)
+            free = [i for i, key in enumerate(row_keys) if key is None]
+            if free:
+                tokens[free] = torch.multinomial(logprobs[free].exp(), 1, generator=generator).squeeze(-1)
+            noise = keyed_gumbel([row_keys[i] for i in keyed], logits.shape[-1], logits.device)  # (K, V)
             tokens[keyed] = (logprobs[keyed].double() + noise).argmax(-1)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 

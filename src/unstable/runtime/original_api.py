@@ -97,9 +97,9 @@ def _collector(
     """The original API's `Collector(num_actors, step_buffer, model_pool, tracker, vllm_config, training_envs,
     evaluation_envs, evaluation_opponent)`: the `num_actors` inference servers of `vllm_config` are started first
     (`topology.launch_inference_group`, as the YAML path's builder starts its own, and `await_inference_group`), then
-    the collector with them. Any
-    other `CollectorConfig` field by keyword; envs as `(env_id, players, template)`; the one `evaluation_opponent` is
-    the list of that opponent. An engine that does not start raises its ConfigError here, in the script."""
+    the collector with them. Any other `CollectorConfig` field by keyword; envs as `(env_id, players, template)`; the
+    one `evaluation_opponent` is the list of that opponent. An engine that does not start raises its ConfigError here,
+    in the script."""
     if vllm_config is None:
         raise ValueError("Collector needs vllm_config")
     if evaluation_opponent is not None:
