@@ -5,11 +5,10 @@ The tests of the paths users take (engine x fine-tuning x dtype x inference acto
 
 | path | test |
 |---|---|
-| transformers, full fine-tuning after a warm start, top_p 0.5 | `test_runtime_ray`: two learner steps |
+| transformers, full fine-tuning after a warm start, A2C, top_p 0.5, `buffer.discount` | `test_runtime_ray` |
 | transformers, two inference actors | `test_runtime_ray`: different samples for one prompt |
-| transformers, A2C bootstrapping, an old config's `buffer.discount` | `test_runtime_ray`: saved as a transform |
-| transformers, LoRA, two inference actors routed by game | `test_runtime_ray`: both serve the newest adapter |
-| the same, an inference actor killed after step 1 | `test_faults`: the run ends, the actor serves again |
+| transformers, LoRA, two inference actors, one killed after step 1 | `test_faults`: both serve the newest adapter |
+| transformers, 16 games in flight, pacing, every game against random | `test_balance`: balance, progress, pacing |
 | transformers, LoRA warm start, KL penalty | `test_learner_start_and_precision`: zero KL at the start |
 | transformers, bf16, full fine-tuning | `test_learner_start_and_precision`: float32 masters |
 | Kuhn Poker, branched groups, 8 game threads | `test_branching`: every branch of a group sees the same deals |

@@ -1,32 +1,9 @@
 """The line `unstable train` prints per learner step shows what is learning: the training win rate against each
-opponent over the tracker's rolling window, not a frozen evaluation."""
+opponent over the tracker's rolling window, not a frozen evaluation (a run through `unstable train` prints it:
+test_balance.py)."""
 
-import re
-
-import pytest
-
-from unstable.cli.main import format_progress, main
+from unstable.cli.main import format_progress
 from unstable.tracking import Tracker, TrackerConfig, keys
-
-from .runs import EXAMPLE, tiny_run
-
-
-@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
-@pytest.mark.slow
-def test_the_progress_line_shows_the_training_win_rate_per_opponent(tiny_model_dir, tmp_path, capsys):
-    overrides = tiny_run(
-        tmp_path,
-        tiny_model_dir,
-        "progress",
-        "learner.num_steps=2",
-        "warm_start=null",  # the random tiny model: what it learns does not matter here
-        "pool.sample_mode=fixed",  # every training game against the random agent
-    )
-    assert main(["train", str(EXAMPLE), "--no-wandb", *(a for o in overrides for a in ("--set", o))]) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
-    print("\n".join(lines))
-    assert re.search(r"\| win vs random \d\.\d\d \(n=\d+\)$", lines[-1]), lines[-1]
-    assert "eval" not in lines[-1]
 
 
 def _game(opponent: str | None, outcome: str) -> dict:
