@@ -96,6 +96,13 @@ def run_loop(args, workers: int, steps: int) -> dict:
     return measure_loop(load_config(ROOT / "examples" / "tictactoe-tiny.yaml", loop_overrides(args, workers, steps)))
 
 
+def concurrency_run(args, workers: int, main_loop: dict) -> dict:
+    """The loop at `workers` games in flight for `--scaling`, over `--steps // 2` learner steps (at least 3); the main
+    loop's own result where it ran with those same settings (an identical run is not repeated)."""
+    steps = max(args.steps // 2, 3)
+    return main_loop if (workers, steps) == (args.workers, args.steps) else run_loop(args, workers, steps)
+
+
 def measure_loop(cfg) -> dict:
     """The whole loop of `cfg` (`unstable train`) on Ray. Throughput counts every game and token after learner
     step 1 (the warm-up: Ray start, model load, the first batch) up to the last row; the first learner step's
@@ -303,7 +310,7 @@ def main() -> None:
     # the engine alone with as many requests as the loop has games: on the base model, and on the run's adapter
     bare = run_bare(args, batch=args.workers)
     bare_lora = run_bare(args, batch=args.workers, adapter=loop["last_checkpoint"])
-    few, many = (run_loop(args, n, max(args.steps // 2, 3)) for n in args.scaling)
+    few, many = (concurrency_run(args, n, loop) for n in args.scaling)
     result = {
         "backend": args.backend,
         "settings": settings(args),

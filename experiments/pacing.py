@@ -13,7 +13,7 @@ seconds, RL seconds (row 0 to the last learner row), steps added and dropped by 
 mean staleness and learner seconds per update. Writes the JSON to `--out` and prints a table.
 
     .venv/bin/python experiments/pacing.py            # 3 seeds x 200 steps, 600 evaluation games
-    .venv/bin/python experiments/pacing.py --smoke    # 1 seed x 2 steps, 20 evaluation games, a tiny warm start
+    .venv/bin/python experiments/pacing.py --smoke    # 1 seed x 2 small steps, 20 evaluation games, a tiny warm start
     .venv/bin/python experiments/pacing.py --smoke --start MODEL   # the same, RL from MODEL: no warm start
 """
 
@@ -56,10 +56,15 @@ def warm_start(work: Path, model: str, smoke: bool) -> str:
 
 
 NO_SINKS = ("tracker.wandb=disabled", "tracker.tensorboard=false")
+# --smoke: the demo's proportions cut down (8 games in flight, batches of 8 in a buffer of 2 batches)
+SMOKE_SIZES = ("collector.num_workers=8", "learner.batch_size=8", "buffer.max_buffer_size=16")
 
 
-def measure(work: Path, start: str, seed: int, pacing: bool, steps: int, eval_games: int) -> dict[str, Any]:
-    """One RL run from the warm start `start`: its figures (see the module docstring)."""
+def measure(
+    work: Path, start: str, seed: int, pacing: bool, steps: int, eval_games: int, sizes: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """One RL run from the warm start `start`, `sizes` as its last overrides: its figures (see the module
+    docstring)."""
     name = f"seed{seed}-{'pacing' if pacing else 'nopacing'}"
     wall = train(
         f"run.dir={work}",
@@ -72,6 +77,7 @@ def measure(work: Path, start: str, seed: int, pacing: bool, steps: int, eval_ga
         f"run.seed={seed}",
         f"collector.pacing={str(pacing).lower()}",
         *NO_SINKS,
+        *sizes,
     )
     rows = [json.loads(line) for line in (work / name / "metrics.jsonl").read_text().splitlines()]
     learner = [r for r in rows if keys.UPDATE_SECONDS in r]
@@ -114,7 +120,7 @@ def table(runs: list[dict[str, Any]]) -> str:
 def main() -> None:
     """Parse the options, run the pairs, write the JSON and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="1 seed, 2 steps, 20 evaluation games")
+    parser.add_argument("--smoke", action="store_true", help="1 seed, 2 steps of 8 samples, 20 evaluation games")
     parser.add_argument("--steps", type=int, default=200, help="learner steps per run")
     parser.add_argument("--eval-games", type=int, default=600, help="final evaluation games per run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
@@ -130,7 +136,8 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     for seed in args.seeds:
         for pacing in (True, False):
-            runs.append(measure(args.work, start, seed, pacing, args.steps, args.eval_games))
+            sizes = SMOKE_SIZES if args.smoke else ()
+            runs.append(measure(args.work, start, seed, pacing, args.steps, args.eval_games, sizes))
             runs[-1]["load_average"] = os.getloadavg()[0]  # the machine's 1-minute load when the run ended
             print(table(runs[-1:]).splitlines()[-1], flush=True)
             if not args.smoke:  # after every run, so an interrupted benchmark keeps what it measured
