@@ -265,8 +265,9 @@ def test_an_inference_actor_killed_mid_run_costs_only_games_in_flight_and_comes_
     failed = rows[-1][keys.TOTAL_FAILED_GAMES]
     assert failed == summary.train_failed + summary.eval_end["failed"]  # every failed game counted
     assert failed <= 4, failed  # at most the games in flight when it died (collector.num_workers)
-    served = [sum(r[keys.INFERENCE_REQUESTS_BY_ACTOR][actor] for r in rows[3:]) for actor in range(2)]
-    assert min(served) > 0, served  # after its restart both actors serve games
+    for window in (rows[:2], rows[3:]):  # before the kill, and after the restart, games go to both actors
+        served = [sum(r[keys.INFERENCE_REQUESTS_BY_ACTOR][actor] for r in window) for actor in range(2)]
+        assert min(served) > 0, served
     assert rows[-1][keys.INFERENCE_POLICY_VERSION_BY_ACTOR] == [4, 4]  # ... on the newest adapter
 
 
@@ -336,44 +337,6 @@ def test_every_game_asking_an_inference_actor_that_stops_gets_an_answer_or_an_er
             ray.kill(server)
     finally:
         ray.shutdown()
-
-
-def test_a_part_killed_while_the_run_starts_stops_it_in_one_line(tiny_model_dir, tmp_path):
-    """kill -9 of the tracker as soon as its process exists, while the other parts are still being built (the
-    collector asks it for the run directory): the run stops with one line naming the dead part, status 1 (before: a
-    Ray traceback; found by benchmarks/chaos.py), and resumed it finishes."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from .runs import EXAMPLE, tiny_run
-
-    overrides = tiny_run(tmp_path, tiny_model_dir, "start-killed", "warm_start=null", "inference.num_actors=2")
-    src = Path(__file__).resolve().parents[1] / "src"
-    env = os.environ | {"PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    command = [sys.executable, "-m", "unstable.cli.main", "train"]
-    run = subprocess.Popen(
-        [*command, str(EXAMPLE), *(a for o in overrides for a in ("--set", o))],
-        env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    deadline = time.time() + 240
-    while (tracker := _ray_process("TrackerActor", run.pid)) is None:
-        assert run.poll() is None and time.time() < deadline, "the run ended before its tracker started"
-        time.sleep(0.05)
-    tracker.kill()
-    try:
-        _, err = (stream.decode() for stream in run.communicate(timeout=180))
-    except subprocess.TimeoutExpired:
-        os.killpg(run.pid, signal.SIGKILL)
-        run.wait()
-        raise AssertionError("the run never ended after its tracker died") from None
-    last = err.strip().splitlines()[-1]
-    assert run.returncode == 1 and last.startswith("error: the run stopped: "), err[-3000:]
-    assert "TrackerActor died" in last, last
-    resumed = subprocess.run(
-        [*command, "--resume", str(tmp_path / "start-killed")], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
 
 
 def test_an_inference_actor_killed_while_its_engine_starts_is_started_again(tmp_path):
@@ -511,16 +474,21 @@ def _ray_process(name: str, run_pid: int):
     return None
 
 
-@pytest.mark.parametrize("actor, part", [("CollectorActor", "collector"), ("ModelPoolActor", "model pool")])
-def test_a_killed_part_stops_the_run_at_once_naming_it_and_the_run_resumes_to_its_end(
-    tiny_model_dir, tmp_path, actor, part
+def test_a_part_killed_at_the_start_or_mid_run_stops_the_run_at_once_naming_it_and_the_run_resumes_to_its_end(
+    tiny_model_dir, tmp_path
 ):
-    """kill -9 of the collector's (or the pool's) process while the learner waits for its first batch (64 steps):
-    the driver watches every part beside the learner's step, so the run stops at once saying which part failed
-    (status 1), and resumed it finishes with every step logged once. No count of failed games stops collection here.
-    Before: a dead pool was named only once 1,000 games in a row had failed, or as the learner's failure when it
-    called the pool; and once the driver had stopped the collector, the learner's step waiting for a batch that
-    could no longer come held the run for ever (found by benchmarks/chaos.py)."""
+    """kill -9 of one part per session, each session resumed by the next:
+
+    1. the tracker as soon as its process exists, while the other parts are still being built (the collector asks it
+       for the run directory): the run stops with one line naming the dead part, status 1 (before: a Ray traceback);
+    2. the collector's process, and 3. the pool's, each while the learner waits for its first batch (64 steps): the
+       driver watches every part beside the learner's step, so the run stops at once saying which part failed
+       (status 1). No count of failed games stops collection here. Before: a dead pool was named only once 1,000
+       games in a row had failed, or as the learner's failure when it called the pool; and once the driver had
+       stopped the collector, the learner's step waiting for a batch that could no longer come held the run for ever;
+    4. resumed once more, it finishes with every step logged once.
+
+    All three were found by benchmarks/chaos.py."""
     import json
     import subprocess
     import sys
@@ -529,36 +497,49 @@ def test_a_killed_part_stops_the_run_at_once_naming_it_and_the_run_resumes_to_it
     from .runs import EXAMPLE, tiny_run
 
     overrides = tiny_run(
-        tmp_path, tiny_model_dir, "collector-killed", "learner.num_steps=4", "warm_start=null",
+        tmp_path, tiny_model_dir, "killed", "learner.num_steps=4", "warm_start=null",
         "learner.resume_state.every_steps=1", "collector.max_failed_games_in_a_row=1000000000",
         "learner.batch_size=64", "buffer.max_buffer_size=64",
     )  # fmt: skip
     src = Path(__file__).resolve().parents[1] / "src"
     env = os.environ | {"PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     command = [sys.executable, "-m", "unstable.cli.main", "train"]
-    metrics = tmp_path / "collector-killed" / "metrics.jsonl"
+    run_dir = tmp_path / "killed"
+    metrics = run_dir / "metrics.jsonl"
 
-    def start(*args):
-        sets = [arg for o in overrides for arg in ("--set", o)] if args[0] == str(EXAMPLE) else []
+    def start(*args: str) -> subprocess.Popen:
         return subprocess.Popen(
-            command + [*args, *sets], env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            command + list(args), env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
 
-    run = start(str(EXAMPLE))
-    deadline = time.time() + 240
-    while not (metrics.exists() and '"learner/step": 0' in metrics.read_text()):  # the first batch is far off
-        assert run.poll() is None and time.time() < deadline, "the run ended or stalled before its first step"
-        time.sleep(0.5)
-    _ray_process(actor, run.pid).kill()
-    try:
-        _, err = (stream.decode() for stream in run.communicate(timeout=120))
-    except subprocess.TimeoutExpired:
-        os.killpg(run.pid, signal.SIGKILL)
-        run.wait()
-        raise AssertionError(f"the run never ended: the learner still waits for the dead {part}") from None
-    assert run.returncode == 1 and f"the run stopped: the {part} failed " in err.splitlines()[-1], err[-3000:]
+    def waiting_for_its_first_batch(started: float) -> bool:
+        """The session started at `started` logged its row 0 (a resume first cuts the rows after its saved state)."""
+        return metrics.exists() and metrics.stat().st_mtime >= started and '"learner/step": 0' in metrics.read_text()
 
-    resumed = start("--resume", str(tmp_path / "collector-killed"))
+    def kill_part(run: subprocess.Popen, actor: str, ready) -> str:
+        """kill -9 of the run's `actor` process once `ready()`: the last line of the run's stderr, status 1."""
+        deadline = time.time() + 240
+        while not ready() or (victim := _ray_process(actor, run.pid)) is None:
+            assert run.poll() is None and time.time() < deadline, f"the run ended or stalled before killing {actor}"
+            time.sleep(0.05)
+        victim.kill()
+        try:
+            _, err = (stream.decode() for stream in run.communicate(timeout=180))
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+            raise AssertionError(f"the run never ended after its {actor} died") from None
+        assert run.returncode == 1 and "Traceback" not in err, err[-3000:]
+        return err.strip().splitlines()[-1]
+
+    last = kill_part(start(str(EXAMPLE), *(a for o in overrides for a in ("--set", o))), "TrackerActor", lambda: True)
+    assert last.startswith("error: the run stopped: ") and "TrackerActor died" in last, last
+    for actor, part in [("CollectorActor", "collector"), ("ModelPoolActor", "model pool")]:
+        started = time.time()
+        last = kill_part(start("--resume", str(run_dir)), actor, lambda s=started: waiting_for_its_first_batch(s))
+        assert f"the run stopped: the {part} failed " in last, last
+
+    resumed = start("--resume", str(run_dir))
     out, err = (stream.decode() for stream in resumed.communicate(timeout=300))
     assert resumed.returncode == 0, err[-3000:]
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
