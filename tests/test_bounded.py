@@ -192,22 +192,58 @@ def test_dashboard_and_report_show_the_ladder_from_the_tables_files(tmp_path):
     assert data.match_matrix(rows)["agents"][-1] == "random"
 
 
-def _train(args: list[str]) -> subprocess.CompletedProcess:
+def _train(args: list[str], ray_address: str | None = None) -> tuple[subprocess.CompletedProcess, int | None]:
+    """`unstable train args` in a process of its own (joining the test's Ray), and with `ray_address` the most threads
+    the run's inference actor held while it went on."""
     env = os.environ | {"PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     command = [sys.executable, "-m", "unstable.cli.main", "train", *args]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    threads = _most_inference_threads(run, ray_address) if ray_address else None
+    out, err = run.communicate(timeout=600)
+    return subprocess.CompletedProcess(command, run.returncode, out, err), threads
 
 
-@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
+def _most_inference_threads(run: subprocess.Popen, ray_address: str) -> int:
+    """The most threads the live inference actor on the Ray at `ray_address` held while `run` went on (the run's own:
+    the actors of the test process's earlier runs are dead)."""
+    import psutil
+    import ray
+    from ray._private import state
+
+    ray.init(address=ray_address)
+    threads = 0
+    try:
+        while run.poll() is None:
+            for actor in state.actors().values():
+                if actor["ActorClassName"] == "InferenceServerActor" and actor["State"] == "ALIVE":
+                    try:
+                        threads = max(threads, psutil.Process(actor["Pid"]).num_threads())
+                    except psutil.NoSuchProcess:
+                        pass
+            time.sleep(0.5)
+    finally:
+        ray.shutdown()
+    return threads
+
+
 @pytest.mark.slow
-def test_unstable_train_saves_every_5_steps_keeps_2_and_resumes(tiny_model_dir, tmp_path):
+def test_unstable_train_saves_every_5_steps_keeps_2_resumes_and_stays_within_its_bounds(
+    tiny_model_dir, tmp_path, shared_ray
+):
+    """Resume states every 5 steps, the newest 2 kept, and a resume from the state before the newest. Besides:
+    every game against the anchor, one active checkpoint and `pool.max_retired=1`: however many checkpoints the run
+    makes, the newest tables hold the anchor, the newest checkpoint and one retired one, and the row still counts every
+    checkpoint registered (the base model and one per step). Ray gives a threaded actor `max_concurrency` threads, and
+    over a long run each one is used and its stack touched (the soak's inference actor grew by ~0.1 MB per learner
+    step with 4,096 of them): on the YAML path it gets one per game in flight and a few for control calls."""
     overrides = tiny_run(
         tmp_path, tiny_model_dir, "bounded", "warm_start=null", "learner.num_steps=12",
         "learner.resume_state.every_steps=5", "learner.resume_state.keep_last=2", "learner.retention.keep_last=2",
-        "tracker.tables_every=5",
+        "tracker.tables_every=5", "pool.sample_mode=fixed", "pool.max_active_lora=1", "pool.max_retired=1",
     )  # fmt: skip
-    done = _train([str(EXAMPLE), *[arg for o in overrides for arg in ("--set", o)]])
+    done, threads = _train([str(EXAMPLE), *[arg for o in overrides for arg in ("--set", o)]], ray_address=shared_ray)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert 0 < threads < 200, threads
     run_dir = tmp_path / "bounded"
     assert resume.saved_steps(run_dir / "state", "step-") == [10, 12]
     assert len(resume.saved_steps(run_dir / "checkpoints", "ckpt-")) <= 5
@@ -215,7 +251,7 @@ def test_unstable_train_saves_every_5_steps_keeps_2_and_resumes(tiny_model_dir, 
     # a kill after step 12's state but before the end: the rows of 11 and 12 are redone from state 10
     (run_dir / "state" / "latest.json").write_text('{"step": 10}')
     (run_dir / "state" / "step-12").rename(run_dir / "state" / "step-12.tmp")
-    again = _train(["--resume", str(run_dir), "--set", "learner.num_steps=13"])
+    again, _ = _train(["--resume", str(run_dir), "--set", "learner.num_steps=13"])
     assert again.returncode == 0, again.stderr[-3000:]
     rows = read_rows(run_dir)
     assert [row[keys.STEP] for row in rows if keys.STEP in row] == list(range(14))  # each step once
@@ -223,6 +259,9 @@ def test_unstable_train_saves_every_5_steps_keeps_2_and_resumes(tiny_model_dir, 
     assert tables == [0, 5, 10]
     assert resume.saved_steps(run_dir / "state", "step-") == [10, 13]  # step-12.tmp went with the redo
     assert latest_value(rows, keys.POOL_LADDER)  # the final row's tables
+    latest = json.loads((run_dir / LATEST_TABLES_FILE).read_text())  # the run's end, after its last row
+    assert len(latest[keys.POOL_LADDER]) <= 3 and len(latest[keys.POOL_MATCH_MATRIX]) <= 3, latest
+    assert rows[-1][keys.POOL_CHECKPOINTS] == 14
 
 
 def test_no_actor_shell_makes_ray_keep_a_record_of_each_call():
@@ -236,50 +275,3 @@ def test_no_actor_shell_makes_ray_keep_a_record_of_each_call():
     shells = {obj for module in modules for obj in vars(module).values() if isinstance(obj, ray.actor.ActorClass)}
     assert len(shells) == 8
     assert [s for s in shells if s._default_options.get("enable_task_events") is not False] == []
-
-
-@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
-@pytest.mark.slow
-def test_unstable_train_keeps_the_ladder_within_the_pools_bound(tiny_model_dir, tmp_path):
-    """Every game against the anchor, one active checkpoint and `pool.max_retired=1`: however many checkpoints the
-    run makes, the newest tables hold the anchor, the newest checkpoint and one retired one; the row still counts
-    every checkpoint registered (the base model and one per step)."""
-    overrides = tiny_run(
-        tmp_path, tiny_model_dir, "pool-bound", "warm_start=null", "learner.num_steps=6", "pool.sample_mode=fixed",
-        "pool.max_active_lora=1", "pool.max_retired=1", "tracker.tables_every=1",
-    )  # fmt: skip
-    done = _train([str(EXAMPLE), *[arg for o in overrides for arg in ("--set", o)]])
-    assert done.returncode == 0, done.stderr[-3000:]
-    run_dir = tmp_path / "pool-bound"
-    tables = json.loads((run_dir / LATEST_TABLES_FILE).read_text())  # the run's end, after its last row
-    assert len(tables[keys.POOL_LADDER]) <= 3 and len(tables[keys.POOL_MATCH_MATRIX]) <= 3, tables
-    assert read_rows(run_dir)[-1][keys.POOL_CHECKPOINTS] == 7
-
-
-@pytest.mark.slow  # its own Ray: it reads the inference actor's threads in the run's process tree
-def test_the_inference_actor_holds_a_thread_per_game_that_can_call_it_not_thousands(tiny_model_dir, tmp_path):
-    """Ray gives a threaded actor `max_concurrency` threads, and over a long run each one is used and its stack
-    touched: the soak's inference actor grew by ~0.1 MB per learner step with 4,096 of them. On the YAML path it
-    gets one per game in flight (training, evaluation) and a few for control calls."""
-    import psutil
-
-    overrides = tiny_run(tmp_path, tiny_model_dir, "threads", "warm_start=null", "learner.num_steps=3")
-    command = [sys.executable, "-m", "unstable.cli.main", "train", str(EXAMPLE)]
-    train = subprocess.Popen(
-        [*command, *[arg for o in overrides for arg in ("--set", o)]],
-        env=os.environ | {"PYTHONPATH": str(SRC)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    threads = 0  # the most the inference actor's process held while the run went on
-    try:
-        while train.poll() is None:
-            for process in psutil.Process(train.pid).children(recursive=True):
-                try:
-                    if process.name().startswith("ray::InferenceServer"):
-                        threads = max(threads, process.num_threads())
-                except psutil.NoSuchProcess:
-                    pass
-            time.sleep(0.5)
-        assert train.returncode == 0
-    finally:
-        train.kill()
-    assert 0 < threads < 200, threads
