@@ -4,7 +4,6 @@ collection back waiting for the learner, per learner step, and the run's recomme
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
@@ -18,8 +17,6 @@ from unstable.tracking.balance import (
     recommendation,
     run_balance,
 )
-
-from .runs import EXAMPLE, tiny_run
 
 
 class _Clock:
@@ -101,54 +98,6 @@ def test_the_report_states_the_balance():
     markdown = summary_markdown("run", rows, [])
     for line in balance_lines(rows):
         assert f"- {line}" in markdown
-
-
-@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
-@pytest.mark.slow
-def test_a_paced_run_logs_its_balance_per_step_prints_its_advice_and_its_training_win_rate_per_opponent(
-    tiny_model_dir, tmp_path, capsys
-):
-    """One run, three things a user reads of it: the balance per step and the advice at the end; the progress line's
-    training win rate per opponent over the tracker's rolling window (not a frozen evaluation); and pacing with the
-    demo's proportions cut down (16 games in flight, a buffer of 2 batches, the learner slower than the games) training
-    on what the games generate instead of letting the StepBuffer drop most of it (72% of a demo's generated steps were
-    dropped before pacing)."""
-    from unstable.cli.main import main
-
-    overrides = tiny_run(
-        tmp_path,
-        tiny_model_dir,
-        "balance",
-        "learner.num_steps=4",
-        "learner.batch_size=16",
-        "buffer.max_buffer_size=32",
-        "collector.num_workers=16",
-        "collector.pacing=true",
-        "pool.sample_mode=fixed",  # every training game against the random agent
-        "warm_start=null",  # the random tiny model: what it learns does not matter here
-    )
-    assert main(["train", str(EXAMPLE), "--no-wandb", *(a for o in overrides for a in ("--set", o))]) == 0
-    rows = [json.loads(line) for line in (tmp_path / "balance" / "metrics.jsonl").read_text().splitlines()]
-    steps = [row for row in rows if row.get(keys.STEP, 0) > 0]
-    assert [row[keys.STEP] for row in steps] == [1, 2, 3, 4]
-    for row in steps:
-        assert 0 <= row[keys.WAIT_SECONDS] <= row[keys.STEP_SECONDS]
-        assert row[keys.WAIT_SHARE] == pytest.approx(row[keys.WAIT_SECONDS] / row[keys.STEP_SECONDS])
-        assert 0 <= row[keys.HELD_BACK_SHARE] <= 1 and row[keys.HELD_BACK_SLOT_SECONDS] >= 0
-    printed = capsys.readouterr().out
-    lines = balance_lines(rows)
-    assert lines[0].startswith("balance over learner steps 2-4")
-    for line in lines:
-        assert f"  {line}\n" in printed
-
-    progress = [line for line in printed.splitlines() if line.startswith("step ")]
-    assert re.search(r"\| win vs random \d\.\d\d \(n=\d+\)$", progress[-1]), progress[-1]
-    assert "eval" not in progress[-1]
-
-    final = rows[-1]
-    assert final[keys.BUFFER_STEPS_ADDED] >= 4 * 16
-    assert final[keys.BUFFER_STEPS_DROPPED] < 0.1 * final[keys.BUFFER_STEPS_ADDED]
-    assert final[keys.GAMES_HELD_BACK] > 0
 
 
 def test_steps_dropped_unused_say_collection_outran_the_learner():

@@ -1,6 +1,6 @@
 """The line `unstable train` prints per learner step shows what is learning: the training win rate against each
 opponent over the tracker's rolling window, not a frozen evaluation (a run through `unstable train` prints it:
-test_balance.py)."""
+test_paced_run.py)."""
 
 from unstable.cli.main import format_progress
 from unstable.tracking import Tracker, TrackerConfig, keys
