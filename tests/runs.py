@@ -9,7 +9,7 @@ The tests of the paths users take (engine x fine-tuning x dtype x inference acto
 | transformers, two inference actors | `test_runtime_ray`: different samples for one prompt |
 | transformers, LoRA, two inference actors, one killed after step 1 | `test_faults`: both serve the newest adapter |
 | transformers, bf16, full fine-tuning, 16 games in flight, pacing | `test_paced_run`: balance, progress, masters |
-| transformers, LoRA warm start, KL penalty | `test_learner_start_and_precision`: zero KL at the start |
+| transformers, LoRA warm start, KL penalty, moved and resumed | `test_run_dir_moves`: zero KL at the start |
 | Kuhn Poker, branched groups, 8 game threads | `test_branching`: every branch of a group sees the same deals |
 | vLLM, LoRA of rank 96, two inference actors, top_p 0.5 | `test_vllm_backend`: two learner steps |
 | vLLM, full fine-tuning | `test_vllm_backend`: no failed game, the new weights serve |

@@ -1,6 +1,6 @@
 """The learner on the path real users take: the KL reference of a LoRA warm start is the starting adapter (also
 after a resume), and bf16 full fine-tuning keeps float32 master weights, so a 1e-5 step changes the weights (through
-`unstable train`: test_paced_run.py)."""
+`unstable train`: test_run_dir_moves.py and test_paced_run.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,10 @@ from safetensors.torch import load_file
 
 from unstable.algorithms import Reinforce
 from unstable.algorithms.batching import collate
-from unstable.config import load_config
 from unstable.learner import Learner, LearnerConfig, LoraConfig, PolicyConfig, PolicyModel
-from unstable.runtime import resume, train
 from unstable.tracking import keys
 
 from . import test_algorithms
-from .runs import EXAMPLE, tiny_run
 from .test_algorithms import _bandit_batch, _step
 
 bandit = test_algorithms.bandit  # the two-action text bandit's token ids (a fixture)
@@ -119,32 +116,3 @@ def test_bf16_lora_keeps_the_frozen_base_in_bf16_and_the_adapter_in_float32(tiny
     model = _bf16_learner(tiny_model_dir, LORA).policy.model
     assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.float32}
     assert {p.dtype for p in model.parameters() if not p.requires_grad} == {torch.bfloat16}
-
-
-# --- through `unstable train` ---------------------------------------------------------------------------------
-
-
-@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
-@pytest.mark.slow
-def test_a_lora_warm_start_with_a_kl_penalty_starts_at_zero_kl_and_its_anchor_moves(tiny_model_dir, tmp_path):
-    overrides = tiny_run(
-        tmp_path,
-        tiny_model_dir,
-        "lora-warm-start",
-        "warm_start.games=2",
-        "warm_start.epochs=1",
-        "warm_start.learning_rate=0.01",  # a few SFT updates that move the adapter well away from the base
-        "learner.policy.lora={lora_rank: 4, target_modules: [q_proj, v_proj, lm_head]}",
-        "learner.num_steps=2",
-        "learner.algorithm.args={ref_kl_coef: 0.1, ref_reset_every: 1, importance_cap: 2.0}",
-    )
-    rows = []
-    summary = train(load_config(EXAMPLE, overrides), on_row=rows.append)
-    assert "warm-start" in summary.warm_start_checkpoint
-    first, second = ([row for row in rows if row.get(keys.STEP) == step] for step in (1, 2))
-    assert first[0][keys.REF_KL] < 1e-6  # the penalty measures the distance from the warm start, not the base model
-    assert 0.0 <= second[0][keys.IMPORTANCE_CAPPED_FRACTION] <= 1.0  # stale samples were reweighted
-    state = resume.load_part(tmp_path / "lora-warm-start" / "state" / "step-2", "learner")
-    assert state["algorithm"] == {"updates": 2}
-    for name, weight in state["reference"].items():  # the anchor moved to the policy of step 2, saved for resume
-        torch.testing.assert_close(weight, state["policy"][name], msg=name)

@@ -1,15 +1,19 @@
 """A run's own files name its paths absolute or relative to its directory: resumed from another working directory,
 and moved or copied elsewhere, it goes on from where it stopped, keeping its start-of-run evaluation; with its
-newest state cut in half by a lost write, it goes on from the state before."""
+newest state cut in half by a lost write, it goes on from the state before. The run is a LoRA warm start with a KL
+penalty whose anchor moves to the policy every step: the penalty starts at zero (it measures the distance from the
+warm start, not the base model), and the moved anchor is saved for the resume."""
 
 import json
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from unstable.cli.main import main
+from unstable.runtime import resume
 from unstable.tracking import keys
 
 from .runs import EXAMPLE, tiny_run
@@ -36,7 +40,9 @@ def test_a_run_moved_elsewhere_resumes_from_another_directory_and_finishes(tiny_
         "moved",
         "warm_start.games=8",
         "warm_start.batch_size=8",
-        "learner.policy.lora={lora_rank: 4, lora_alpha: 8}",
+        "warm_start.learning_rate=0.01",  # a few SFT updates that move the adapter well away from the base
+        "learner.policy.lora={lora_rank: 4, lora_alpha: 8, target_modules: [q_proj, v_proj, lm_head]}",
+        "learner.algorithm.args={ref_kl_coef: 0.1, ref_reset_every: 1, importance_cap: 2.0}",
         "learner.resume_state.every_steps=1",
         "evaluation.games_at_start=2",
     )
@@ -50,6 +56,14 @@ def test_a_run_moved_elsewhere_resumes_from_another_directory_and_finishes(tiny_
     assert main(["train", "--resume", str(moved), "--set", "learner.num_steps=2"]) == 0
     assert _steps(moved) == [0, 1, 2]
     assert (moved / "checkpoints" / "ckpt-2" / "adapter_model.safetensors").exists()
+    rows = [json.loads(line) for line in (moved / "metrics.jsonl").read_text().splitlines()]
+    first, second = ([row for row in rows if row.get(keys.STEP) == step][0] for step in (1, 2))
+    assert first[keys.REF_KL] < 1e-6  # the penalty measures the distance from the warm start, not the base model
+    assert 0.0 <= second[keys.IMPORTANCE_CAPPED_FRACTION] <= 1.0  # stale samples were reweighted
+    state = resume.load_part(moved / "state" / "step-2", "learner")
+    assert state["algorithm"] == {"updates": 2}  # step 2 was made by the resumed session
+    for name, weight in state["reference"].items():  # the anchor moved to the policy of step 2, saved for resume
+        torch.testing.assert_close(weight, state["policy"][name], msg=name)
     assert not (launch / "runs" / "moved").exists() and not (other / "runs").exists()  # nothing written elsewhere
 
     # the newest state cut in half, as a disk that lost its last writes leaves it: the run goes on from step 1's
