@@ -134,9 +134,9 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     start = args.start or warm_start(args.work, args.model, args.smoke)
     runs: list[dict[str, Any]] = []
+    sizes = SMOKE_SIZES if args.smoke else ()
     for seed in args.seeds:
         for pacing in (True, False):
-            sizes = SMOKE_SIZES if args.smoke else ()
             runs.append(measure(args.work, start, seed, pacing, args.steps, args.eval_games, sizes))
             runs[-1]["load_average"] = os.getloadavg()[0]  # the machine's 1-minute load when the run ended
             print(table(runs[-1:]).splitlines()[-1], flush=True)
