@@ -339,6 +339,7 @@ def test_every_game_asking_an_inference_actor_that_stops_gets_an_answer_or_an_er
         ray.shutdown()
 
 
+@pytest.mark.usefixtures("shared_ray")
 def test_an_inference_actor_killed_while_its_engine_starts_is_started_again(tmp_path):
     """The run's start waits for every inference actor's `start`; one whose process died meanwhile is restarted by
     Ray and started again (before: the run ended at once, exit 2, 'the inference engine did not start:
@@ -363,7 +364,7 @@ def test_an_inference_actor_killed_while_its_engine_starts_is_started_again(tmp_
         def generate(self, requests):
             return [GenerationResult("\\boxed{[4]}", (1,), (2,), (-0.1,)) for _ in requests]
 
-    ray.init(num_cpus=1, include_dashboard=False, ignore_reinit_error=True)
+    ray.init()  # joins the test process's Ray (`shared_ray`)
     try:
         factory = functools.partial(DiesOnceWhileStarting, str(tmp_path / "started-once"))
         server = InferenceServerActor.options(max_restarts=1).remote(factory, InferenceConfig())

@@ -39,10 +39,18 @@ HIGH_RANK = 96  # above the max_lora_rank of 64 vLLM used to be started with; se
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
+    """The module's engine, started as a user's on a busy machine would be: no VLLM_CPU_KVCACHE_SPACE and
+    gpu_memory_utilization 0.99 (test_an_engine_on_the_cpu_starts_whatever_share_of_memory_is_free)."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OMP_NUM_THREADS", "1")  # the engine core process: spinning OpenMP threads on a busy core crawl
+        env.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
         cfg = InferenceConfig(
-            backend="vllm", max_new_tokens=MAX_NEW_TOKENS, max_model_len=512, max_loras=2, num_threads=None
+            backend="vllm",
+            max_new_tokens=MAX_NEW_TOKENS,
+            max_model_len=512,
+            max_loras=2,
+            num_threads=None,
+            gpu_memory_utilization=0.99,
         )
         backend = make_backend(tiny_model_dir, cfg, lora_rank=HIGH_RANK)
     yield backend
@@ -414,17 +422,11 @@ def _max_gap(steps, model) -> float:
     return max(abs(a - b) for s in steps for a, b in zip(s.behaviour_logprobs, _scored_logprobs(model, s, 1.0)))
 
 
-def test_an_engine_on_the_cpu_starts_whatever_share_of_memory_is_free(tiny_model_dir, monkeypatch):
+def test_an_engine_on_the_cpu_starts_whatever_share_of_memory_is_free(engine):
     """Its KV cache is sized outright (VLLM_CPU_KVCACHE_SPACE, else 1 GiB), so vLLM's check that
-    gpu_memory_utilization of NUMA node 0's memory is free no longer refuses it (it refused at 0.99 before)."""
-    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    cfg = InferenceConfig(backend="vllm", max_new_tokens=2, max_model_len=256, gpu_memory_utilization=0.99)
-    backend = make_backend(tiny_model_dir, cfg)
-    try:
-        assert backend.generate([GenerationRequest(PROMPT)])[0].completion_token_ids
-    finally:
-        backend.close()
+    gpu_memory_utilization of NUMA node 0's memory is free no longer refuses it (it refused at 0.99 before): the
+    module's engine starts without VLLM_CPU_KVCACHE_SPACE at 0.99, with a cache of 1 GiB."""
+    assert engine.generate([GenerationRequest(PROMPT)])[0].completion_token_ids
 
 
 def test_an_engine_that_cannot_start_stops_unstable_train_in_one_line(tiny_model_dir, tmp_path, monkeypatch, capsys):
