@@ -28,16 +28,17 @@ def tiny_model_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def _ray_head() -> Iterator[str]:
     """One Ray head node per test process (each pytest-xdist worker), started at its first use and kept to the end:
-    the address runs join instead of each starting and stopping a Ray of its own (~8 CPU-s and seconds of wall time
-    per run). Two CPUs, as a run's own Ray gets on this machine. Its address file goes to a temporary directory of its
-    own, so only a run given its address (`shared_ray`) joins it."""
+    the address runs join instead of each starting and stopping a Ray of its own (~3-8 CPU-s and seconds of wall time
+    per run). Four logical CPUs: a run with two inference actors and its learner reserves three. Its address file
+    goes to a temporary directory of its own, so only a run given its address (`shared_ray`) joins it."""
+
     from ray.cluster_utils import Cluster
 
     saved = {name: os.environ.get(name) for name in ("RAY_TMPDIR", "RAY_prestart_worker_first_driver")}
     temp_dir = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's socket paths live in it
     os.environ |= {"RAY_TMPDIR": temp_dir, "RAY_prestart_worker_first_driver": "0"}
     try:
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False})
     finally:
         for name, value in saved.items():
             if value is None:

@@ -25,8 +25,8 @@ pytestmark = pytest.mark.slow  # the seed scripts on Ray
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = ROOT.parent / "shared" / "seeds"
 SEED_MODEL = '"Qwen/Qwen3-1.7B-base"'
-# a CPU machine: Ray is told of the seeds' three GPUs (logical ones) so the `num_gpus=1` learner and the two
-# inference actors can be placed; every model runs on the CPU because torch sees no CUDA device
+# a CPU machine: Ray is told of the seeds' three GPUs (logical ones) so the `num_gpus=1` learner and the inference
+# actors can be placed; every model runs on the CPU because torch sees no CUDA device
 RAY_INIT = ('ray.init(namespace="unstable")', 'ray.init(namespace="unstable", num_cpus=8, num_gpus=3)')
 
 
@@ -74,6 +74,7 @@ def test_seed_000_minimal_training_script(tiny_model_dir, tmp_path):
         [
             (SEED_MODEL, repr(tiny_model_dir)),
             RAY_INIT,
+            ("num_actors=2", "num_actors=1"),  # one vLLM engine (seed 002's script runs two)
             ("max_buffer_size=768", "max_buffer_size=64"),
             ('"max_tokens": 2048', '"max_tokens": 8'),
             ('"lora_config": {"lora_rank": 32}', '"lora_config": {"lora_rank": 96}'),  # above vLLM's former 64

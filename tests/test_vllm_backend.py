@@ -364,6 +364,7 @@ def test_make_backend_names_the_extra_when_vllm_is_missing(monkeypatch, tiny_mod
         make_backend(tiny_model_dir, InferenceConfig(backend="vllm", num_threads=None))
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 def test_two_learner_steps_through_ray_with_vllm(tiny_model_dir, tmp_path):
     from unstable.config import load_config
     from unstable.runtime import train
@@ -373,7 +374,6 @@ def test_two_learner_steps_through_ray_with_vllm(tiny_model_dir, tmp_path):
         "learner.num_steps=2", "learner.batch_size=8", "collector.num_workers=4", "inference.max_new_tokens=8",
         "inference.backend=vllm", "inference.max_model_len=1024", "inference.num_actors=2",
         "evaluation.games_at_start=2", "evaluation.games_at_end=2",
-        "run.num_cpus=4",  # each inference actor and the learner reserve one Ray CPU
         "warm_start=null", f"learner.policy.lora={{lora_rank: {HIGH_RANK}, lora_alpha: 32}}",  # adapters, hot-swapped
         "inference.top_p=0.5",  # the learner scores each token under the nucleus it was sampled from
     )  # fmt: skip
@@ -386,6 +386,7 @@ def test_two_learner_steps_through_ray_with_vllm(tiny_model_dir, tmp_path):
     assert (tmp_path / "vllm-smoke" / "checkpoints" / "ckpt-2" / "adapter_model.safetensors").exists()
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 def test_full_finetuning_through_ray_with_vllm(tiny_model_dir, tmp_path, monkeypatch):
     from unstable.config import load_config
     from unstable.runtime import driver, train
@@ -398,7 +399,7 @@ def test_full_finetuning_through_ray_with_vllm(tiny_model_dir, tmp_path, monkeyp
         "learner.optimizer.learning_rate=0.05", "learner.optimizer.lr_schedule=constant",
         "buffer.sampling_reward_transforms=[]",
         "collector.num_workers=4", "inference.max_new_tokens=8", "inference.backend=vllm",
-        "inference.max_model_len=1024", "evaluation.games_at_start=2", "evaluation.games_at_end=2", "run.num_cpus=3",
+        "inference.max_model_len=1024", "evaluation.games_at_start=2", "evaluation.games_at_end=2",
         "warm_start=null",  # the example fine-tunes every weight (learner.policy.lora: null), one checkpoint in play
     )  # fmt: skip
     rows = []
@@ -429,6 +430,7 @@ def test_an_engine_on_the_cpu_starts_whatever_share_of_memory_is_free(engine):
     assert engine.generate([GenerationRequest(PROMPT)])[0].completion_token_ids
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 def test_an_engine_that_cannot_start_stops_unstable_train_in_one_line(tiny_model_dir, tmp_path, monkeypatch, capsys):
     from unstable.cli.main import main
 
