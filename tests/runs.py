@@ -28,8 +28,11 @@ EXAMPLE = Path(__file__).parent.parent / "examples" / "tictactoe-tiny.yaml"
 
 def tiny_run(tmp_path: Path, model_dir: str, name: str, *overrides: str) -> list[str]:
     """`--set` overrides of the demo config for a run `tmp_path/name` on the tiny model at `model_dir`: 1 learner
-    step of 4 samples from 2 games in flight, 4 new tokens, no evaluation, no TensorBoard or W&B. `overrides` come
-    last, so they win."""
+    step of 4 samples from 2 games in flight, 4 new tokens, no evaluation, no TensorBoard or W&B. The recipe the
+    tests' checks were written against stays pinned, whatever the demo's: one learner rank, no warm-up of the learning
+    rate (the one update changes the weights), and half the games mirror self-play, half against `random` (the
+    learner's checkpoint in both seats), rewards z-scored per env, a KL penalty of 0.1. `overrides` come last, so
+    they win."""
     return [
         f"run.dir={tmp_path}",
         f"run.name={name}",
@@ -37,6 +40,14 @@ def tiny_run(tmp_path: Path, model_dir: str, name: str, *overrides: str) -> list
         "model.build_tiny_if_missing=false",
         "learner.num_steps=1",
         "learner.batch_size=4",
+        "learner.num_learners=1",
+        "learner.optimizer.learning_rate=6.0e-4",
+        "learner.optimizer.warmup_steps=0",
+        "learner.algorithm.args={ref_kl_coef: 0.1}",
+        "pool.sample_mode=random",
+        "pool.fixed_opponents=[random]",
+        "buffer.max_buffer_size=128",
+        "buffer.sampling_reward_transforms=[{name: NormalizeRewardsByEnv, args: {z_score: true}}]",
         "collector.num_workers=2",
         "collector.num_eval_workers=0",
         "inference.max_new_tokens=4",

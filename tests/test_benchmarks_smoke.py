@@ -41,6 +41,15 @@ SMOKES = {
         "resume_state_cost.json",
         "s/step",
     ),
+    "benchmarks/demo.py": (
+        ["--runs", "1", "--work", f"{TMP}/runs", "--out", f"{TMP}/demo.json"]
+        + [f"--set={o}" for o in (f"model.path={TINY}", "model.build_tiny_if_missing=false", "warm_start=null")]
+        + [f"--set={o}" for o in ("learner.num_steps=2", "learner.num_learners=1", "learner.batch_size=4")]
+        + [f"--set={o}" for o in ("collector.num_workers=2", "inference.max_new_tokens=4", "tracker.tensorboard=false")]
+        + ["--set=evaluation.games_at_start=2", "--set=evaluation.games_at_end=2"],
+        "demo.json",
+        "end win rate",
+    ),
     "benchmarks/inference.py": ([f"{TMP}/inference.json", "--max-new-tokens", "2"], "inference.json", "transformers"),
     "benchmarks/loop.py": (
         ["--steps", "3", "--workers", "2", "--batch-size", "4", "--max-new-tokens", "4", "--bare-rounds", "1"]
