@@ -72,10 +72,12 @@ def loop_overrides(args, workers: int, steps: int, *mode: str) -> list[str]:
         f"inference.max_batch_size={max(workers, 1)}",
         f"learner.batch_size={args.batch_size}",
         # the UnstableBaselines peer's setting (experiments/peer-unstablebaselines-0.2.2.md): the random-weight model,
-        # LoRA, mirror self-play
+        # LoRA, mirror self-play, one learner
         "warm_start=null",
         "learner.policy.lora={lora_rank: 16, lora_alpha: 32}",
+        "learner.num_learners=1",
         "learner.optimizer.learning_rate=1e-4",
+        "learner.optimizer.warmup_steps=0",
         "learner.algorithm.args={}",
         "pool.sample_mode=mirror",
         "pool.fixed_opponents=[]",

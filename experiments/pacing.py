@@ -56,8 +56,8 @@ def warm_start(work: Path, model: str, smoke: bool) -> str:
 
 
 NO_SINKS = ("tracker.wandb=disabled", "tracker.tensorboard=false")
-# --smoke: the demo's proportions cut down (8 games in flight, batches of 8 in a buffer of 2 batches)
-SMOKE_SIZES = ("collector.num_workers=8", "learner.batch_size=8", "buffer.max_buffer_size=16")
+# --smoke: the demo's proportions cut down (8 games in flight, batches of 8 in a buffer of 2 batches, one learner rank)
+SMOKE_SIZES = ("collector.num_workers=8", "learner.batch_size=8", "buffer.max_buffer_size=16", "learner.num_learners=1")
 
 
 def measure(

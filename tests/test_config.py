@@ -104,7 +104,7 @@ def test_the_lora_rank_served_is_the_largest_the_run_declares(tmp_path):
         (tmp_path / name / "adapter_config.json").write_text(json.dumps(config))
         return str(tmp_path / name)
 
-    assert load_config(EXAMPLE).served_lora_rank is None  # full fine-tuning against the random agent
+    assert load_config(EXAMPLE).served_lora_rank is None  # full fine-tuning against scripted agents
     assert load_config(EXAMPLE, ["learner.policy.lora={lora_rank: 96}"]).served_lora_rank == 96
     opponent = adapter("opponent", r=8, rank_pattern={"q_proj": 200})  # a LoRA opponent with its own ranks
     with_opponent = ["learner.policy.lora={lora_rank: 96}", f"pool.fixed_opponents=[random, {opponent}]"]

@@ -128,6 +128,7 @@ def test_the_dashboard_follows_a_live_run_under_tmux(tmp_path, tiny_model_dir):
         "warm_start": "null",  # the dashboard shows rows: what the random tiny model learns does not matter here
         "learner.num_steps": 6,
         "learner.batch_size": 16,
+        "learner.num_learners": 1,  # one rank: the dashboard reads the same rows
         "collector.num_workers": 8,
         "evaluation.games_at_start": 4,
         "evaluation.games_at_end": 4,
