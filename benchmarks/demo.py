@@ -27,6 +27,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recorded import settings  # noqa: E402
 
+from unstable.tracking import keys  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "examples" / "tictactoe-tiny.yaml"
 CURVE_EVERY = 50  # learner steps between the points of a run's training curve
@@ -54,9 +56,9 @@ def training_curve(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """The training games' win rate by opponent at every `CURVE_EVERY`-th learner step (the tracker's window)."""
     curve = {}
     for row in rows:
-        step = row.get("learner/step")
-        if step and step % CURVE_EVERY == 0 and row.get("collector/wdl_by_opponent"):
-            curve[str(step)] = {name: wdl["win_rate"] for name, wdl in row["collector/wdl_by_opponent"].items()}
+        step, by_opponent = row.get(keys.STEP), row.get(keys.TRAIN_WDL_BY_OPPONENT)
+        if step and step % CURVE_EVERY == 0 and by_opponent:
+            curve[str(step)] = {name: wdl["win_rate"] for name, wdl in by_opponent.items()}
     return curve
 
 

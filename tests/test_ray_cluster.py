@@ -101,7 +101,8 @@ def test_the_learner_sits_with_its_gpus_on_the_drivers_node_and_inference_nodes_
     ray.init(address=two_node_cluster.address)
     try:
         driver_node = ray.get_runtime_context().get_node_id()
-        (options,) = learner_placements(load_config(EXAMPLE, ["learner.num_gpus=1"]).learner, driver_node)
+        one_rank = ["learner.num_learners=1"]
+        (options,) = learner_placements(load_config(EXAMPLE, [*one_rank, "learner.num_gpus=1"]).learner, driver_node)
 
         @ray.remote(num_cpus=0)
         class Probe:
@@ -110,7 +111,7 @@ def test_the_learner_sits_with_its_gpus_on_the_drivers_node_and_inference_nodes_
 
         assert ray.get(Probe.options(**options).remote().where.remote(), timeout=120) == (driver_node, 1)
         with pytest.raises(ConfigError, match="learner.num_gpus = 2.0: the learner runs on the driver's node"):
-            learner_placements(load_config(EXAMPLE, ["learner.num_gpus=2"]).learner, driver_node)
+            learner_placements(load_config(EXAMPLE, [*one_rank, "learner.num_gpus=2"]).learner, driver_node)
         others = _other_nodes(load_config(EXAMPLE, ["inference.resources={node2: 1}"]), driver_node)
         assert [n["Resources"].get("node2") for n in others] == [1.0]
         with pytest.raises(ConfigError, match=r"model.path = '/no/such/model': no such model directory .* on Ray node"):
