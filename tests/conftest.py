@@ -31,7 +31,6 @@ def _ray_head() -> Iterator[str]:
     the address runs join instead of each starting and stopping a Ray of its own (~3-8 CPU-s and seconds of wall time
     per run). Four logical CPUs: a run with two inference actors and its learner reserves three. Its address file
     goes to a temporary directory of its own, so only a run given its address (`shared_ray`) joins it."""
-
     from ray.cluster_utils import Cluster
 
     saved = {name: os.environ.get(name) for name in ("RAY_TMPDIR", "RAY_prestart_worker_first_driver")}
