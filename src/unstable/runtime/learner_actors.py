@@ -7,7 +7,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import threading
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
@@ -168,6 +169,9 @@ class RankZeroLearner(Learner):
     ):
         super().__init__(policy, algorithm, cfg, parallel)
         self.ranks = ranks
+        # one thread for rank 0's own calls, kept for the run: a new thread per update grew the actor's memory by
+        # ~33 MB per learner step (the demo, two ranks), which one long-lived thread does not
+        self._own_calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="learner-rank-0")
         address, port = ray.util.get_node_ip_address(), free_port()
         self._with_ranks("join", self.parallel.join, address, port)
 
@@ -199,31 +203,20 @@ class RankZeroLearner(Learner):
         self._with_ranks("load_state_dict", super().load_state_dict, state)
 
     def _with_ranks(self, method: str, here, *args):
-        """Call `method` on the other ranks' actors and `here` (rank 0's own, on a thread), with `args` put in Ray's
+        """Call `method` on the other ranks' actors and `here` (rank 0's own, on its thread), with `args` put in Ray's
         object store once; returns rank 0's result once every rank finished. The other ranks are watched while
         rank 0's call runs: one that fails raises its error (the cause) at once, however long rank 0's call would
         wait for it in a collective (until the collective timeout, 30 minutes, before); the run then stops."""
         shared = [ray.put(arg) for arg in args]
         others = [getattr(rank, method).remote(*shared) for rank in self.ranks]
-        own: dict[str, Any] = {}
-        done = threading.Event()
-
-        def run_here() -> None:
-            try:
-                own["result"] = here(*args)
-            except Exception as exc:  # noqa: BLE001 - raised below, after the other ranks' cause
-                own["error"] = exc
-            finally:
-                done.set()
-
-        threading.Thread(target=run_here, name=f"learner-rank-0-{method}", daemon=True).start()
-        while not done.wait(RANK_POLL_S):
+        own = self._own_calls.submit(here, *args)
+        while not futures.wait([own], timeout=RANK_POLL_S).done:
             if (failure := _rank_failure(others)) is not None:
                 raise failure
-        if "error" in own:
-            raise _rank_failure(others, wait_s=10.0) or own["error"]
+        if own.exception() is not None:
+            raise _rank_failure(others, wait_s=10.0) or own.exception()
         ray.get(others)
-        return own["result"]
+        return own.result()
 
 
 def _rank_failure(calls: list, wait_s: float = 0.0) -> RuntimeError | None:
