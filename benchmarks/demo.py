@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recorded import settings  # noqa: E402
 
 from unstable.tracking import keys  # noqa: E402
+from unstable.tracking.history import read_rows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "examples" / "tictactoe-tiny.yaml"
@@ -42,7 +43,7 @@ def run_demo(index: int, args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     subprocess.run(command + [a for o in overrides for a in ("--set", o)], check=True, cwd=ROOT)
     wall = time.perf_counter() - start
-    rows = [json.loads(line) for line in (args.work / name / "metrics.jsonl").read_text().splitlines()]
+    rows = read_rows(args.work / name)
     final = rows[-1]
     return {
         "wall_s": wall,
