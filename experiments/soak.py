@@ -1,7 +1,7 @@
-"""Soak: a long `unstable train` run of the tiny model (the demo's recipe, no warm start, no evaluations), LoRA and
-full fine-tuning, sampling the run directory's disk use, the process tree's RSS and the metrics row size every
-`--every` learner steps; the per-step slope of each after the first `--flat-after` steps says whether it stays
-flat. Run on demand (never from tests):
+"""Soak: a long `unstable train` run of the tiny model (the demo's recipe on its two learner ranks, no warm start, no
+evaluations), LoRA and full fine-tuning, sampling the run directory's disk use, the process tree's RSS and the metrics
+row size every `--every` learner steps; the per-step slope of each after the first `--flat-after` steps says whether
+it stays flat. Run on demand (never from tests):
 
     PYTHONPATH=src .venv/bin/python experiments/soak.py                  # 2,000 steps each (hours on 2 CPU cores)
     PYTHONPATH=src .venv/bin/python experiments/soak.py --smoke          # 40 steps each, sampled every 5
