@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,7 +205,7 @@ class InferenceServerActor(InferenceServer):
     def __init__(
         self, backend_factory, cfg: InferenceConfig, seed: int = 0, checkpoint_node: str | None = None, source=None
     ):
-        restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        restarted = _was_restarted()
         if restarted:
             nonce = secrets.randbits(32)
             seed = mixed_seed(seed, nonce)
@@ -219,6 +220,14 @@ class InferenceServerActor(InferenceServer):
         )
         if restarted:
             self.start()
+
+
+def _was_restarted() -> bool:
+    """Whether Ray restarted this actor after its process died. Ray's own property reads its deprecated `actor_id`
+    and would print a deprecation warning into every run's output; that warning is silenced here."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return ray.get_runtime_context().was_current_actor_reconstructed
 
 
 def _actor_gone(exc: BaseException) -> bool:

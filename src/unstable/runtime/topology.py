@@ -186,7 +186,7 @@ def launch_inference_group(
         )
     factory = functools.partial(make_backend, model_path, inference, dtype=dtype, lora_rank=lora_rank)
     seeds = [mixed_seed(seed, index, resume_step) for index in range(inference.num_actors)]
-    log.warning("inference actors sample with seeds %s (run seed %d, resume step %d)", seeds, seed, resume_step)
+    log.info("inference actors sample with seeds %s (run seed %d, resume step %d)", seeds, seed, resume_step)
     source = None
     if checkpoint_node is not None:
         source = CheckpointSource.options(scheduling_strategy=on_node(checkpoint_node)).remote()
