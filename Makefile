@@ -14,8 +14,9 @@ export VLLM_CPU_KVCACHE_SPACE := 1
 export VLLM_CPU_OMP_THREADS_BIND := nobind
 export VLLM_ENABLE_V1_MULTIPROCESSING := 0
 
-# pytest-xdist workers for `make test`: each test starts its own Ray, so two share a 2-core machine's waits
-# (process starts, model loads) without running out of memory; `make test TEST_WORKERS=0` runs them one at a time
+# pytest-xdist workers for `make test`: two share a 2-core machine's waits (process starts, model loads) without
+# running out of memory; `make test TEST_WORKERS=0` runs the tests one at a time. Each worker is handed one test at a
+# time, the longest first (tests/conftest.py), so both end together.
 TEST_WORKERS ?= 2
 
 .PHONY: demo test check install lint clean
@@ -36,7 +37,7 @@ demo: $(STAMP)
 	$(VENV)/bin/unstable train examples/tictactoe-tiny.yaml
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25 tests; status=$$?; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxschedchunk 1 --durations=25 tests; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$status
 
 # the edit loop: lint and the tests that load no model and start no Ray or command (`make test` runs them all)

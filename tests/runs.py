@@ -11,7 +11,8 @@ The tests of the paths users take (engine x fine-tuning x dtype x inference acto
 | transformers, bf16, full fine-tuning, 16 games in flight, pacing | `test_paced_run`: balance, progress, masters |
 | transformers, LoRA warm start, KL penalty, moved and resumed | `test_run_dir_moves`: zero KL at the start |
 | Kuhn Poker, branched groups, 8 game threads | `test_branching`: every branch of a group sees the same deals |
-| vLLM, LoRA of rank 96, two inference actors, top_p 0.5 | `test_vllm_backend`: two learner steps |
+| vLLM, LoRA of rank 96, top_p 0.5 | `test_vllm_backend`: two learner steps |
+| vLLM, two inference actors, the original API | `test_seed_scripts`: seed 002's script |
 | vLLM, full fine-tuning | `test_vllm_backend`: no failed game, the new weights serve |
 | LoRA warm start, killed in it and twice in RL, resumed each time | `test_resume_kill` |
 | transformers, full fine-tuning, every weight load failing | `test_faults`: the run stops with the cause, status 1 |

@@ -139,3 +139,14 @@ def test_the_driver_imports_no_torch():
     probe = "import sys, unstable.cli.main, unstable.runtime.driver; print(sorted({'torch'} & set(sys.modules)))"
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]", f"the driver's modules loaded {loaded}"
+
+
+def test_the_learner_actors_module_loads_no_dtensor():
+    """`runtime.learner_actors`, which a run's driver imports to start the learner group, loads torch but not torch's
+    DTensor module (0.6 s of imports with sympy, at every `unstable train`): only FSDP sharding needs it."""
+    import subprocess
+    import sys
+
+    probe = "import sys, unstable.runtime.learner_actors as m; print('torch.distributed.tensor' in sys.modules)"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "False", "import unstable.runtime.learner_actors loaded torch.distributed.tensor"

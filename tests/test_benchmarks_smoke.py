@@ -53,7 +53,7 @@ SMOKES = {
     "benchmarks/inference.py": ([f"{TMP}/inference.json", "--max-new-tokens", "2"], "inference.json", "transformers"),
     "benchmarks/loop.py": (
         ["--steps", "3", "--workers", "2", "--batch-size", "4", "--max-new-tokens", "4", "--bare-rounds", "1"]
-        + ["--scaling", "1", "2", "--run-dir", f"{TMP}/runs", "--out", f"{TMP}/loop.json"],
+        + ["--scaling", "2", "2", "--run-dir", f"{TMP}/runs", "--out", f"{TMP}/loop.json"],  # reused
         "loop.json",
         "loop / bare",
     ),
@@ -131,6 +131,7 @@ def test_the_benchmark_runs_with_its_smallest_settings(script, tiny_model_dir, t
 
 @pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 @pytest.mark.slow
+@pytest.mark.long  # a minute or more of runs: scheduled first
 def test_the_loop_benchmark_compares_the_routings(tiny_model_dir, tmp_path):
     """`loop.py --routing`: the loop with 2 inference actors once per `inference.routing`."""
     args = ["--routing", "--steps", "2", "--workers", "2", "--batch-size", "4", "--max-new-tokens", "4"]

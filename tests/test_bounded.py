@@ -227,6 +227,7 @@ def _most_inference_threads(run: subprocess.Popen, ray_address: str) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # a minute or more of runs: scheduled first
 def test_unstable_train_saves_every_5_steps_keeps_2_resumes_and_stays_within_its_bounds(
     tiny_model_dir, tmp_path, shared_ray
 ):

@@ -435,6 +435,7 @@ def test_a_run_whose_learner_cannot_play_after_its_first_update_stops_with_the_c
 
 
 @pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
+@pytest.mark.long  # a minute or more of runs: scheduled first
 def test_a_learner_that_makes_no_step_for_the_stall_timeout_stops_the_run_saying_what_each_part_did(
     tiny_model_dir, tmp_path
 ):
@@ -475,6 +476,7 @@ def _ray_process(name: str, run_pid: int):
     return None
 
 
+@pytest.mark.long  # a minute or more of runs: scheduled first
 def test_a_part_killed_at_the_start_or_mid_run_stops_the_run_at_once_naming_it_and_the_run_resumes_to_its_end(
     tiny_model_dir, tmp_path
 ):
@@ -487,7 +489,8 @@ def test_a_part_killed_at_the_start_or_mid_run_stops_the_run_at_once_naming_it_a
        (status 1). No count of failed games stops collection here. Before: a dead pool was named only once 1,000
        games in a row had failed, or as the learner's failure when it called the pool; and once the driver had
        stopped the collector, the learner's step waiting for a batch that could no longer come held the run for ever;
-    4. resumed once more, it finishes with every step logged once.
+    4. resumed once more (with batches of 8, as a user may change the batch on resume), it finishes with every step
+       logged once.
 
     All three were found by benchmarks/chaos.py."""
     import json
@@ -540,7 +543,7 @@ def test_a_part_killed_at_the_start_or_mid_run_stops_the_run_at_once_naming_it_a
         last = kill_part(start("--resume", str(run_dir)), actor, lambda s=started: waiting_for_its_first_batch(s))
         assert f"the run stopped: the {part} failed " in last, last
 
-    resumed = start("--resume", str(run_dir))
+    resumed = start("--resume", str(run_dir), "--set", "learner.batch_size=8")
     out, err = (stream.decode() for stream in resumed.communicate(timeout=300))
     assert resumed.returncode == 0, err[-3000:]
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]

@@ -288,6 +288,7 @@ def test_with_max_staleness_the_fresh_steps_are_cut_to_equal_shards():
 
 
 @pytest.mark.slow  # runs of unstable train
+@pytest.mark.long  # a minute or more of runs: scheduled first
 def test_two_learner_actors_through_unstable_train_log_each_step_once_and_resume(tiny_model_dir, tmp_path):
     overrides = tiny_run(
         tmp_path,
@@ -315,6 +316,7 @@ def test_two_learner_actors_through_unstable_train_log_each_step_once_and_resume
 
 
 @pytest.mark.slow  # runs of unstable train
+@pytest.mark.long  # a minute or more of runs: scheduled first
 def test_two_sharded_full_fine_tuning_learners_through_unstable_train_log_each_step_once_and_resume(
     tiny_model_dir, tmp_path
 ):

@@ -60,6 +60,7 @@ def _fetched(rows: list[dict]) -> int:
     return sum(r.get(keys.INFERENCE_CHECKPOINTS_FETCHED, 0) for r in rows)
 
 
+@pytest.mark.long  # a minute or more of runs: scheduled first
 def test_a_run_on_two_nodes_ships_checkpoints_to_the_inference_node_and_resumes(
     two_node_cluster, tiny_model_dir, tmp_path
 ):

@@ -113,6 +113,7 @@ def _restored_adapter(cfg, model_dir: str, run_dir: Path) -> dict[str, torch.Ten
     return get_peft_model_state_dict(learner.policy.model)
 
 
+@pytest.mark.long  # a minute or more of runs: scheduled first
 def test_killed_three_times_the_run_resumes_losing_and_repeating_nothing(tiny_model_dir, tmp_path):
     overrides = _overrides(tmp_path, tiny_model_dir)
     sets = [arg for o in overrides for arg in ("--set", o)]

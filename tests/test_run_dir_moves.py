@@ -29,6 +29,7 @@ def _steps(run_dir: Path) -> list[int]:
 
 
 @pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
+@pytest.mark.long  # a minute or more of runs: scheduled first
 def test_a_run_moved_elsewhere_resumes_from_another_directory_and_finishes(tiny_model_dir, tmp_path, monkeypatch):
     launch, other = tmp_path / "launch", tmp_path / "other"
     launch.mkdir()

@@ -67,6 +67,7 @@ def test_the_example_copies_are_the_seeds_scripts():
     assert "unstable.StandardLearner.options(num_gpus=1" in minimal and "evaluation_opponent=" in training
 
 
+@pytest.mark.long  # a minute or more of runs: scheduled first
 def test_seed_000_minimal_training_script(tiny_model_dir, tmp_path):
     script = (ROOT / "examples" / "seed_minimal.py").read_text()
     _run(
@@ -113,6 +114,7 @@ print({LADDER_MARK!r} + json.dumps(ray.get(model_pool.metrics.remote())[{keys.PO
 UP_FOR = 8  # the API opponent answers this many requests (a game of either env takes one or two), then is down
 
 
+@pytest.mark.long  # a minute or more of runs: scheduled first
 def test_seed_002_training_script_with_an_api_evaluation_opponent_that_goes_down(tiny_model_dir, tmp_path):
     """Training with evaluation games against the seed's API model, whose endpoint answers its first `UP_FOR`
     requests and then is down (HTTP 500 on every retry): the games played while it was up are rated, those after

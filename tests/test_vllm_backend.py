@@ -365,6 +365,7 @@ def test_make_backend_names_the_extra_when_vllm_is_missing(monkeypatch, tiny_mod
 
 
 @pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
+@pytest.mark.long  # a minute or more of runs: scheduled first
 def test_two_learner_steps_through_ray_with_vllm(tiny_model_dir, tmp_path):
     from unstable.config import load_config
     from unstable.runtime import train
@@ -372,7 +373,7 @@ def test_two_learner_steps_through_ray_with_vllm(tiny_model_dir, tmp_path):
     overrides = tiny_run(
         tmp_path, tiny_model_dir, "vllm-smoke",
         "learner.num_steps=2", "learner.batch_size=8", "collector.num_workers=4", "inference.max_new_tokens=8",
-        "inference.backend=vllm", "inference.max_model_len=1024", "inference.num_actors=2",
+        "inference.backend=vllm", "inference.max_model_len=1024",  # one engine: seed 002 runs two (test_seed_scripts)
         "evaluation.games_at_start=2", "evaluation.games_at_end=2",
         "warm_start=null", f"learner.policy.lora={{lora_rank: {HIGH_RANK}, lora_alpha: 32}}",  # adapters, hot-swapped
         "inference.top_p=0.5",  # the learner scores each token under the nucleus it was sampled from

@@ -20,13 +20,13 @@ gives every rank rank 0's address (`join`).
 from __future__ import annotations
 
 import socket
+import sys
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TypeVar
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 T = TypeVar("T")
 
@@ -170,29 +170,39 @@ class DataParallel:
         return tensor.tolist()
 
 
+def _sharded(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is an FSDP shard (a DTensor). torch's DTensor module (0.6 s to import, with sympy) is loaded
+    only by sharding (`shard_model`): a process that never imported it holds no DTensor, and `unstable train`'s
+    driver, which imports this module, does not pay for it."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and isinstance(tensor, dtensor.DTensor)
+
+
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The whole of `tensor`: gathered from every rank when it is sharded (every rank calls it together)."""
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+    return tensor.full_tensor() if _sharded(tensor) else tensor
 
 
 def whole_copy(tensor: torch.Tensor) -> torch.Tensor:
     """A copy of the whole `tensor`; a sharded one is gathered from every rank (which call it together) onto the CPU,
     so that no device ever holds more than one whole weight at a time."""
-    if isinstance(tensor, DTensor):
+    if _sharded(tensor):
         return tensor.full_tensor().cpu()
     return tensor.detach().clone()
 
 
 def assign(param: torch.Tensor, value: torch.Tensor) -> None:
     """Copy the whole `value` into `param`; a sharded `param` takes its own shard of it."""
-    if isinstance(param, DTensor):
+    if _sharded(param):
+        from torch.distributed.tensor import distribute_tensor
+
         value = distribute_tensor(value.to(param.device, param.dtype), param.device_mesh, param.placements)
     param.copy_(value)
 
 
 def _replicated(params: Sequence[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
     """The parameters of `params` that every rank holds whole (not sharded by FSDP)."""
-    return [p for p in params if not isinstance(p, DTensor)]
+    return [p for p in params if not _sharded(p)]
 
 
 def _buckets(tensors: list[torch.Tensor], max_elements: int) -> list[list[torch.Tensor]]:
