@@ -26,8 +26,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SEEDS = ROOT.parent / "shared" / "seeds"
 SEED_MODEL = '"Qwen/Qwen3-1.7B-base"'
 # a CPU machine: Ray is told of the seeds' three GPUs (logical ones) so the `num_gpus=1` learner and the inference
-# actors can be placed; every model runs on the CPU because torch sees no CUDA device
-RAY_INIT = ('ray.init(namespace="unstable")', 'ray.init(namespace="unstable", num_cpus=8, num_gpus=3)')
+# actors can be placed; every model runs on the CPU because torch sees no CUDA device. No dashboard (~3 CPU-s of
+# start-up a script: nothing here looks at it)
+RAY_INIT = (
+    'ray.init(namespace="unstable")',
+    'ray.init(namespace="unstable", num_cpus=8, num_gpus=3, include_dashboard=False)',
+)
 
 
 def _run(script: str, substitutions: list[tuple[str, str]], cwd: Path, env: dict[str, str]) -> str:
@@ -111,7 +115,10 @@ import json
 print({LADDER_MARK!r} + json.dumps(ray.get(model_pool.metrics.remote())[{keys.POOL_LADDER!r}]))"""
 
 
-UP_FOR = 8  # the API opponent answers this many requests (a game of either env takes one or two), then is down
+# the API opponent answers this many requests, then is down: two evaluation games at a time, each of one or two
+# requests, so one of them ends while it is up; the training games can outlast only a few more (with 8 here, 2 of 3
+# runs on a loaded machine made 6 requests in all and never met the endpoint down)
+UP_FOR = 3
 
 
 @pytest.mark.long  # a minute or more of runs: scheduled first
