@@ -71,13 +71,13 @@ def one_torch_thread():
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark `slow` every test that loads the tiny model, directly or through another fixture (the marker's
-    meaning: runs a model or Ray); the tests that run Ray or a command carry the mark themselves. Then the `long`
-    tests go first, the other slow ones next, each file's in its order, the short ones last: `make test` hands
-    pytest-xdist's workers one test at a time (`--maxschedchunk 1`), so the runs of minutes start early, spread over
-    both workers, and the many short tests fill the end, where a worker would otherwise wait for the other's last
-    long run."""
+    meaning: runs a model or Ray), and every `long` one; the tests that run Ray or a command carry the mark
+    themselves. Then the `long` tests go first, the other slow ones next, each file's in its order, the short ones
+    last: `make test` hands pytest-xdist's workers one test at a time (`--maxschedchunk 1`), so the runs of minutes
+    start early, spread over both workers, and the many short tests fill the end, where a worker would otherwise wait
+    for the other's last long run."""
     for item in items:
-        if "tiny_model_dir" in getattr(item, "fixturenames", ()):
+        if "tiny_model_dir" in getattr(item, "fixturenames", ()) or item.get_closest_marker("long"):
             item.add_marker(pytest.mark.slow)
 
     def order(item: pytest.Item) -> int:
