@@ -107,46 +107,41 @@ def test_the_algorithms_contract_lives_beside_them():
     assert contract <= set(MODULES) and not {"unstable.batching", "unstable.trainable"} & set(MODULES)
 
 
-def test_importing_the_config_imports_no_torch():
-    """`import unstable.config` (the settings of every part) loads neither torch nor Ray: a tool that reads or writes
-    configs starts in a fraction of a second (the learner package imported torch with its settings before)."""
+def _loaded_by(modules: str, watched: set[str]) -> list[str]:
+    """Which of the `watched` modules a fresh interpreter has loaded after `import <modules>` (comma-separated)."""
+    import json
     import subprocess
     import sys
 
-    probe = "import sys, unstable.config; print(sorted({'torch', 'ray', 'transformers'} & set(sys.modules)))"
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
-    assert loaded == "[]", f"import unstable.config loaded {loaded}"
+    probe = f"import json, sys, {modules}; print(json.dumps(sorted({sorted(watched)!r} & sys.modules.keys())))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def test_importing_the_config_imports_no_torch():
+    """`import unstable.config` (the settings of every part) loads neither torch nor Ray: a tool that reads or writes
+    configs starts in a fraction of a second (the learner package imported torch with its settings before)."""
+    loaded = _loaded_by("unstable.config", {"torch", "ray", "transformers"})
+    assert loaded == [], f"import unstable.config loaded {loaded}"
 
 
 def test_the_light_actors_module_imports_no_torch():
     """A Ray worker imports the module of the actor class it hosts: `runtime.actors` (tracker, buffer, pool,
     collector, checkpoint source, inference server shells) loads no torch, so each of those workers starts without it
     (they imported torch and the learner's modules with the learner's actors: ~6.8 s and ~400 MB each)."""
-    import subprocess
-    import sys
-
-    probe = "import sys, unstable.runtime.actors; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
-    assert loaded == "[]", f"import unstable.runtime.actors loaded {loaded}"
+    loaded = _loaded_by("unstable.runtime.actors", {"torch", "transformers"})
+    assert loaded == [], f"import unstable.runtime.actors loaded {loaded}"
 
 
 def test_the_driver_imports_no_torch():
     """The modules of `unstable train`'s driver import no torch (its resume module imported it for the tensors of a
     state: ~2.8 CPU-s at every start, also for `--resume` of a finished run or one refused before Ray starts)."""
-    import subprocess
-    import sys
-
-    probe = "import sys, unstable.cli.main, unstable.runtime.driver; print(sorted({'torch'} & set(sys.modules)))"
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
-    assert loaded == "[]", f"the driver's modules loaded {loaded}"
+    loaded = _loaded_by("unstable.cli.main, unstable.runtime.driver", {"torch"})
+    assert loaded == [], f"the driver's modules loaded {loaded}"
 
 
 def test_the_learner_actors_module_loads_no_dtensor():
     """`runtime.learner_actors`, which a run's driver imports to start the learner group, loads torch but not torch's
     DTensor module (0.6 s of imports with sympy, at every `unstable train`): only FSDP sharding needs it."""
-    import subprocess
-    import sys
-
-    probe = "import sys, unstable.runtime.learner_actors as m; print('torch.distributed.tensor' in sys.modules)"
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
-    assert loaded == "False", "import unstable.runtime.learner_actors loaded torch.distributed.tensor"
+    loaded = _loaded_by("unstable.runtime.learner_actors", {"torch.distributed.tensor"})
+    assert loaded == [], f"import unstable.runtime.learner_actors loaded {loaded}"
