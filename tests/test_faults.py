@@ -185,6 +185,7 @@ def test_a_nan_loss_skips_its_step_and_too_many_in_a_row_stop_the_run(tiny_model
         learner.train_step(poisoned)
 
 
+@pytest.mark.usefixtures("shared_ray")  # joins the test process's Ray
 def test_ray_restarts_a_dead_inference_actor_and_its_in_flight_request_fails():
     import ray
 
@@ -202,7 +203,7 @@ def test_ray_restarts_a_dead_inference_actor_and_its_in_flight_request_fails():
             time.sleep(1.0)
             return [GenerationResult(f"\\boxed{{[4]}} {self.seed}", (1,), (2,), (-0.1,)) for _ in requests]
 
-    ray.init(num_cpus=1, include_dashboard=False, ignore_reinit_error=True)
+    ray.init()
     try:
         server = InferenceServerActor.options(max_restarts=1).remote(SlowBackend, InferenceConfig())
         ray.get(server.start.remote())
@@ -311,6 +312,7 @@ def _generate_until_refused(client, errors: list) -> None:
             return
 
 
+@pytest.mark.usefixtures("shared_ray")  # joins the test process's Ray
 def test_every_game_asking_an_inference_actor_that_stops_gets_an_answer_or_an_error():
     import ray
 
@@ -318,7 +320,7 @@ def test_every_game_asking_an_inference_actor_that_stops_gets_an_answer_or_an_er
     from unstable.runtime.actors import InferenceServerActor
     from unstable.runtime.remote import RemoteProxy
 
-    ray.init(num_cpus=1, include_dashboard=False, ignore_reinit_error=True)
+    ray.init()
     try:
         for _ in range(5):
             server = InferenceServerActor.remote(_SwitchingBackend, InferenceConfig(batch_wait_ms=0))
@@ -461,21 +463,24 @@ def test_a_learner_that_makes_no_step_for_the_stall_timeout_stops_the_run_saying
 
 
 def _ray_process(name: str, run_pid: int):
-    """The live process of a Ray actor whose title holds `name` (e.g. 'CollectorActor') in the process tree of the run
-    `run_pid` (Ray's processes descend from the driver that started it), or None. Only its own tree: another run on the
-    machine (a test beside it) has its own collector."""
+    """The live process of the run `run_pid`'s Ray actor whose title holds `name` (e.g. 'CollectorActor'), or None:
+    one on the test process's Ray (`shared_ray`: its processes descend from this one) started after the run, as an
+    earlier run's actors may still be ending. A test beside it runs its own collector on its own Ray."""
     import psutil
 
-    for process in psutil.Process(run_pid).children(recursive=True):
+    started = psutil.Process(run_pid).create_time()
+    for process in psutil.Process().children(recursive=True):
         try:
             cmdline = " ".join(process.cmdline())
+            born = process.create_time()
         except psutil.NoSuchProcess:
             continue
-        if "ray::" in cmdline and name in cmdline:
+        if "ray::" in cmdline and name in cmdline and born >= started:
             return process
     return None
 
 
+@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray: each kill is of one actor, not the run
 @pytest.mark.long  # a minute or more of runs: scheduled first
 def test_a_part_killed_at_the_start_or_mid_run_stops_the_run_at_once_naming_it_and_the_run_resumes_to_its_end(
     tiny_model_dir, tmp_path

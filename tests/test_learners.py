@@ -289,7 +289,7 @@ def test_with_max_staleness_the_fresh_steps_are_cut_to_equal_shards():
 
 @pytest.mark.slow  # runs of unstable train
 @pytest.mark.long  # a minute or more of runs: scheduled first
-def test_two_learner_actors_through_unstable_train_log_each_step_once_and_resume(tiny_model_dir, tmp_path):
+def test_two_learner_actors_through_unstable_train_log_each_step_once_and_resume(tiny_model_dir, tmp_path, _ray_head):
     overrides = tiny_run(
         tmp_path,
         tiny_model_dir,
@@ -305,7 +305,7 @@ def test_two_learner_actors_through_unstable_train_log_each_step_once_and_resume
     assert (run_dir / "logs" / "learner-1.log").exists()  # rank 1's actor ran
     assert _steps(run_dir) == [0, 1, 2] and _latest_step(run_dir) == 1
 
-    resumed = _start(["--resume", str(run_dir)], None, tmp_path)
+    resumed = _start(["--resume", str(run_dir)], None, tmp_path, _ray_head)  # not killed: joins a shared Ray
     output = resumed.communicate(timeout=300)[0].decode()
     assert resumed.returncode == 0, output[-3000:]
     assert _steps(run_dir) == [0, 1, 2, 3]  # each step logged once: step 2 redone from step 1's state
@@ -318,7 +318,7 @@ def test_two_learner_actors_through_unstable_train_log_each_step_once_and_resume
 @pytest.mark.slow  # runs of unstable train
 @pytest.mark.long  # a minute or more of runs: scheduled first
 def test_two_sharded_full_fine_tuning_learners_through_unstable_train_log_each_step_once_and_resume(
-    tiny_model_dir, tmp_path
+    tiny_model_dir, tmp_path, _ray_head
 ):
     overrides = tiny_run(
         tmp_path,
@@ -336,7 +336,7 @@ def test_two_sharded_full_fine_tuning_learners_through_unstable_train_log_each_s
     _kill_when_paused(_start([str(EXAMPLE), *sets], "after-log:2", tmp_path), run_dir)  # step 2 logged, then killed
     assert _steps(run_dir) == [0, 1, 2] and _latest_step(run_dir) == 1
 
-    resumed = _start(["--resume", str(run_dir)], None, tmp_path)
+    resumed = _start(["--resume", str(run_dir)], None, tmp_path, _ray_head)  # not killed: joins a shared Ray
     output = resumed.communicate(timeout=300)[0].decode()
     assert resumed.returncode == 0, output[-3000:]
     assert _steps(run_dir) == [0, 1, 2]  # each step logged once: step 2 redone from step 1's sharded-and-gathered state

@@ -47,8 +47,14 @@ def _overrides(tmp_path, model_dir) -> list[str]:
     )
 
 
-def _start(args: list[str], pause_at: str | None, records_dir: Path) -> subprocess.Popen:
+def _start(
+    args: list[str], pause_at: str | None, records_dir: Path, ray_address: str | None = None
+) -> subprocess.Popen:
+    """`unstable train args` in a session of its own, paused at `pause_at` (`resume.PAUSE_ENV`) if given; on its own
+    Ray, which a kill of the session takes with it, or joining the Ray at `ray_address` (a session not to be killed)."""
     env = os.environ | {"PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
     env[RECORDS_ENV] = str(records_dir)  # every session's training games, to check their seeds
     env.pop(resume.PAUSE_ENV, None)
     if pause_at:
@@ -114,7 +120,7 @@ def _restored_adapter(cfg, model_dir: str, run_dir: Path) -> dict[str, torch.Ten
 
 
 @pytest.mark.long  # a minute or more of runs: scheduled first
-def test_killed_three_times_the_run_resumes_losing_and_repeating_nothing(tiny_model_dir, tmp_path):
+def test_killed_three_times_the_run_resumes_losing_and_repeating_nothing(tiny_model_dir, tmp_path, _ray_head):
     overrides = _overrides(tmp_path, tiny_model_dir)
     sets = [arg for o in overrides for arg in ("--set", o)]
     run_dir = tmp_path / "killed"
@@ -140,7 +146,7 @@ def test_killed_three_times_the_run_resumes_losing_and_repeating_nothing(tiny_mo
     assert all(torch.equal(saved[k], restored[k]) for k in saved)  # bit for bit
     pool_at_2 = resume.load_part(run_dir / "state" / "step-2", "pool")
 
-    finished = _start(["--resume", str(run_dir)], None, tmp_path)
+    finished = _start(["--resume", str(run_dir)], None, tmp_path, _ray_head)  # not killed: joins a shared Ray
     output = finished.communicate(timeout=300)[0].decode()
     assert finished.returncode == 0, output[-3000:]
 
@@ -164,7 +170,7 @@ def test_killed_three_times_the_run_resumes_losing_and_repeating_nothing(tiny_mo
     # killed in its final evaluation (every step's state saved, no final row): resumed, it evaluates again and ends
     rows = (run_dir / "metrics.jsonl").read_text().splitlines()
     (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in rows[:-1]))
-    evaluated = _start(["--resume", str(run_dir)], None, tmp_path)
+    evaluated = _start(["--resume", str(run_dir)], None, tmp_path, _ray_head)
     output = evaluated.communicate(timeout=300)[0].decode()
     assert evaluated.returncode == 0, output[-3000:]
     assert _steps(run_dir) == [0, 1, 2, 3, 4]
@@ -172,14 +178,14 @@ def test_killed_three_times_the_run_resumes_losing_and_repeating_nothing(tiny_mo
 
     # a finished run resumed: it says so, exits 0 and writes nothing
     rows = (run_dir / "metrics.jsonl").read_text()
-    again = _start(["--resume", str(run_dir)], None, tmp_path)
+    again = _start(["--resume", str(run_dir)], None, tmp_path, _ray_head)
     output = again.communicate(timeout=300)[0].decode()
     assert again.returncode == 0 and "is finished" in output, output[-3000:]
     assert (run_dir / "metrics.jsonl").read_text() == rows and _latest_step(run_dir) == 4
 
     # its warm start deleted, a resume that would train on refuses in one line instead of starting elsewhere
     shutil.rmtree(run_dir / "warm-start")
-    refused = _start(["--resume", str(run_dir), "--set", "learner.num_steps=5"], None, tmp_path)
+    refused = _start(["--resume", str(run_dir), "--set", "learner.num_steps=5"], None, tmp_path, _ray_head)
     output = refused.communicate(timeout=300)[0].decode()
     last = output.strip().splitlines()[-1]
     assert refused.returncode == 2 and last.startswith("error: ") and "warm-start" in last, output[-3000:]
