@@ -5,6 +5,8 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -15,14 +17,32 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import pytest  # noqa: E402
+from filelock import FileLock  # noqa: E402
+
+
+@contextmanager
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Path]:
+    """The path `name` in a directory every pytest-xdist worker of this test run shares, held under a file lock: a
+    fixture that builds into it only when it is missing is built once for all workers (each worker's module and
+    session fixtures are otherwise its own: the tiny model and the SFT adapter were built twice)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the test run's base directory, which holds each worker's own
+    path = root / name
+    with FileLock(f"{path}.lock"):
+        yield path
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
-    """A tiny random Qwen3 model with a game-trained tokenizer (built once per session)."""
+    """A tiny random Qwen3 model with a game-trained tokenizer (built once per test run)."""
     from unstable.models.tiny import ensure_tiny_model
 
-    return str(ensure_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen3"))
+    with built_once(tmp_path_factory, "tiny-qwen3") as path:
+        return str(ensure_tiny_model(path))
+
+
+HEAD_NODE = {"num_cpus": 4, "include_dashboard": False, "include_log_monitor": False, "no_monitor": True}
 
 
 @pytest.fixture(scope="session")
@@ -30,14 +50,16 @@ def _ray_head() -> Iterator[str]:
     """One Ray head node per test process (each pytest-xdist worker), started at its first use and kept to the end:
     the address runs join instead of each starting and stopping a Ray of its own (~3-8 CPU-s and seconds of wall time
     per run). Four logical CPUs: a run with two inference actors and its learner reserves three. Its address file
-    goes to a temporary directory of its own, so only a run given its address (`shared_ray`) joins it."""
+    goes to a temporary directory of its own, so only a run given its address (`shared_ray`) joins it. No log monitor
+    (actors' output reaches no driver: runs log to their own files) and no autoscaler monitor, which poll all along
+    (an idle head: 1.50 -> 1.13 CPU-s a minute)."""
     from ray.cluster_utils import Cluster
 
     saved = {name: os.environ.get(name) for name in ("RAY_TMPDIR", "RAY_prestart_worker_first_driver")}
     temp_dir = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's socket paths live in it
     os.environ |= {"RAY_TMPDIR": temp_dir, "RAY_prestart_worker_first_driver": "0"}
     try:
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False})
+        cluster = Cluster(initialize_head=True, head_node_args=HEAD_NODE)
     finally:
         for name, value in saved.items():
             if value is None:

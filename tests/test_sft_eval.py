@@ -29,6 +29,8 @@ from unstable.learner import LearnerConfig, LoraConfig
 from unstable.learner.sft import sft_learner
 from unstable.records import Checkpoint, EnvSpec, GameRecord, Step
 
+from .conftest import built_once
+
 TICTACTOE = EnvSpec("TicTacToe-v0-train", 2, "qwen3-zs")
 KUHN = EnvSpec("KuhnPoker-v0-train", 2, "qwen3-zs")
 # the tiny model's random output layer cannot give sharp logits unless the adapter covers it
@@ -38,10 +40,13 @@ INFERENCE = InferenceConfig(max_new_tokens=8, temperature=1.0, num_threads=None)
 
 @pytest.fixture(scope="module")
 def sft_adapter(tiny_model_dir, tmp_path_factory) -> str:
-    """`unstable sft` on ~300 random-vs-random TicTacToe moves (LoRA including the output layer)."""
-    out = tmp_path_factory.mktemp("sft")
-    argv = ["sft", "--model", tiny_model_dir, "--games", "40", "--epochs", "4", "--batch-size", "16", "--lr", "3e-3"]
-    assert main([*argv, "--lora-rank", "8", "--lora-targets", *LORA_TARGETS, "--out-dir", str(out)]) == 0
+    """`unstable sft` on ~300 random-vs-random TicTacToe moves (LoRA including the output layer), once per test
+    run."""
+    with built_once(tmp_path_factory, "sft") as out:
+        if not out.exists():
+            argv = ["sft", "--model", tiny_model_dir, "--games", "40", "--epochs", "4", "--batch-size", "16"]
+            argv += ["--lr", "3e-3", "--lora-rank", "8", "--lora-targets", *LORA_TARGETS, "--out-dir", str(out)]
+            assert main(argv) == 0
     (adapter,) = (out / "checkpoints").iterdir()
     assert (adapter / "adapter_config.json").exists()
     return str(adapter)
