@@ -9,6 +9,7 @@ import random
 import socket
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -152,19 +153,23 @@ def _rank(rank: int, model_dir: str, port: int, out: str) -> None:
 
 
 def _free_ports(count: int) -> int:
-    """A port number whose `count` successors are free too (checked now, so very likely still free soon)."""
+    """A port number whose `count` successors are free too, between Ray's worker ports (10002-19999) and the
+    kernel's ephemeral ones: the ranks listen on them one after another for seconds, and an outgoing connection (the
+    ranks' own among them) may be given any free ephemeral port meanwhile (both tests below failed so in one
+    `make test`: EADDRINUSE, when the ports were drawn from the ephemeral range)."""
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    first_ephemeral = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
     while True:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            start = probe.getsockname()[1]
-        if start + count < 65536 and all(_port_free(start + i) for i in range(count)):
+        start = random.randrange(20000, first_ephemeral - count)
+        if all(_port_free(start + i) for i in range(count)):
             return start
 
 
 def _port_free(port: int) -> bool:
+    """Whether nothing listens on `port` on any address (as the ranks' store listens)."""
     with socket.socket() as probe:
         try:
-            probe.bind(("127.0.0.1", port))
+            probe.bind(("", port))
         except OSError:
             return False
         return True
