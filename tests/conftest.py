@@ -24,7 +24,7 @@ from filelock import FileLock  # noqa: E402
 def built_once(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Path]:
     """The path `name` in a directory every pytest-xdist worker of this test run shares, held under a file lock: a
     fixture that builds into it only when it is missing is built once for all workers (each worker's module and
-    session fixtures are otherwise its own: the tiny model and the SFT adapter were built twice)."""
+    session fixtures are otherwise its own)."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the test run's base directory, which holds each worker's own
