@@ -306,11 +306,11 @@ def test_two_learner_actors_through_unstable_train_log_each_step_once_and_resume
     )
     run_dir = tmp_path / "two-learners"
     sets = [arg for o in overrides for arg in ("--set", o)]
-    _kill_when_paused(_start([str(EXAMPLE), *sets], "after-log:2", tmp_path), run_dir)  # step 2 logged, then killed
+    _kill_when_paused(_start([str(EXAMPLE), *sets], "after-log:2", tmp_path, _ray_head), run_dir)  # killed after row 2
     assert (run_dir / "logs" / "learner-1.log").exists()  # rank 1's actor ran
     assert _steps(run_dir) == [0, 1, 2] and _latest_step(run_dir) == 1
 
-    resumed = _start(["--resume", str(run_dir)], None, tmp_path, _ray_head)  # not killed: joins a shared Ray
+    resumed = _start(["--resume", str(run_dir)], None, tmp_path, _ray_head)
     output = resumed.communicate(timeout=300)[0].decode()
     assert resumed.returncode == 0, output[-3000:]
     assert _steps(run_dir) == [0, 1, 2, 3]  # each step logged once: step 2 redone from step 1's state
@@ -338,10 +338,10 @@ def test_two_sharded_full_fine_tuning_learners_through_unstable_train_log_each_s
     )
     run_dir = tmp_path / "fsdp"
     sets = [arg for o in overrides for arg in ("--set", o)]
-    _kill_when_paused(_start([str(EXAMPLE), *sets], "after-log:2", tmp_path), run_dir)  # step 2 logged, then killed
+    _kill_when_paused(_start([str(EXAMPLE), *sets], "after-log:2", tmp_path, _ray_head), run_dir)  # killed after row 2
     assert _steps(run_dir) == [0, 1, 2] and _latest_step(run_dir) == 1
 
-    resumed = _start(["--resume", str(run_dir)], None, tmp_path, _ray_head)  # not killed: joins a shared Ray
+    resumed = _start(["--resume", str(run_dir)], None, tmp_path, _ray_head)
     output = resumed.communicate(timeout=300)[0].decode()
     assert resumed.returncode == 0, output[-3000:]
     assert _steps(run_dir) == [0, 1, 2]  # each step logged once: step 2 redone from step 1's sharded-and-gathered state
@@ -352,16 +352,15 @@ def test_two_sharded_full_fine_tuning_learners_through_unstable_train_log_each_s
     assert whole.num_parameters() == AutoModelForCausalLM.from_pretrained(tiny_model_dir).num_parameters()
 
 
-@pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 @pytest.mark.slow  # runs of unstable train
-def test_a_learner_rank_that_fails_stops_the_run_at_once_naming_it(tiny_model_dir, tmp_path, monkeypatch):
+def test_a_learner_rank_that_fails_stops_the_run_at_once_naming_it(tiny_model_dir, tmp_path, monkeypatch, _ray_head):
     """Rank 1 fails its first update while rank 0 waits for it in the gradients' all-reduce: the run stops with
     rank 1's error as its cause, exit status 1 (rank 0 waited for the collective timeout, 30 minutes, before)."""
     from unstable.runtime.learner_actors import FAIL_RANK_ENV
 
     overrides = tiny_run(tmp_path, tiny_model_dir, "failing-rank", "warm_start=null", "learner.num_learners=2")
     monkeypatch.setenv(FAIL_RANK_ENV, "1")
-    run = _start([str(EXAMPLE), *[arg for o in overrides for arg in ("--set", o)]], None, tmp_path)
+    run = _start([str(EXAMPLE), *[arg for o in overrides for arg in ("--set", o)]], None, tmp_path, _ray_head)
     output = run.communicate(timeout=300)[0].decode()  # a hang fails here
     assert run.returncode == 1, output[-3000:]
     assert "learner rank 1 failed" in output and FAIL_RANK_ENV in output, output[-3000:]

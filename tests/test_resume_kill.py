@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import yaml
@@ -47,20 +48,16 @@ def _overrides(tmp_path, model_dir) -> list[str]:
     )
 
 
-def _start(
-    args: list[str], pause_at: str | None, records_dir: Path, ray_address: str | None = None
-) -> subprocess.Popen:
-    """`unstable train args` in a session of its own, paused at `pause_at` (`resume.PAUSE_ENV`) if given; on its own
-    Ray, which a kill of the session takes with it, or joining the Ray at `ray_address` (a session not to be killed)."""
+def _start(args: list[str], pause_at: str | None, records_dir: Path, ray_address: str) -> subprocess.Popen:
+    """`unstable train args` in a session of its own joining the Ray at `ray_address`, as a run joins a cluster,
+    paused at `pause_at` (`resume.PAUSE_ENV`) if given."""
     env = os.environ | {"PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    if ray_address:
-        env["RAY_ADDRESS"] = ray_address
+    env["RAY_ADDRESS"] = ray_address
     env[RECORDS_ENV] = str(records_dir)  # every session's training games, to check their seeds
     env.pop(resume.PAUSE_ENV, None)
     if pause_at:
         env[resume.PAUSE_ENV] = pause_at
     command = [sys.executable, "-m", "unstable.cli.main", "train", *args]
-    # a session of its own: the kill takes the driver and every Ray process it started
     return subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
@@ -71,9 +68,29 @@ def _kill_when_paused(process: subprocess.Popen, run_dir: Path, timeout: float =
             raise AssertionError(f"run ended before pausing:\n{process.stdout.read().decode()[-3000:]}")
         assert time.time() < deadline, "the run never reached its pause point"
         time.sleep(0.5)
+    _kill_run(process)
+    (run_dir / resume.PAUSE_MARKER).unlink()
+
+
+def _kill_run(process: subprocess.Popen) -> None:
+    """kill -9 of the whole run: its driver's session, then every Ray worker process started since (its actors) on
+    the test process's Ray, whose processes descend from this one; Ray's own daemons live on, as a cluster's do."""
+    started = psutil.Process(process.pid).create_time()
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-    (run_dir / resume.PAUSE_MARKER).unlink()
+    deadline = time.time() + 60
+    while actors := [p for p in psutil.Process().children(recursive=True) if _is_ray_worker_since(p, started)]:
+        for actor in actors:
+            actor.kill()
+        psutil.wait_procs(actors, timeout=5)
+        assert time.time() < deadline, "the run's actors outlived kill -9"
+
+
+def _is_ray_worker_since(process: psutil.Process, started: float) -> bool:
+    try:
+        return process.create_time() >= started and process.cmdline()[0].startswith("ray::")
+    except (psutil.NoSuchProcess, IndexError):
+        return False
 
 
 def _steps(run_dir: Path) -> list[int]:
@@ -126,18 +143,18 @@ def test_killed_three_times_the_run_resumes_losing_and_repeating_nothing(tiny_mo
     run_dir = tmp_path / "killed"
 
     # kill 0: in the warm start, after the first of its two SFT passes
-    _kill_when_paused(_start([str(EXAMPLE), *sets], "warm-start:1", tmp_path), run_dir)
+    _kill_when_paused(_start([str(EXAMPLE), *sets], "warm-start:1", tmp_path, _ray_head), run_dir)
     assert not (run_dir / "metrics.jsonl").exists()
 
     # kill 1: the warm start redone, step 2's state is written to its temporary directory but not yet renamed
-    _kill_when_paused(_start(["--resume", str(run_dir)], "state-write:2", tmp_path), run_dir)
+    _kill_when_paused(_start(["--resume", str(run_dir)], "state-write:2", tmp_path, _ray_head), run_dir)
     warm = _warm_start_checkpoint(run_dir)
     assert _latest_step(run_dir) == 1 and (run_dir / "state" / "step-2.tmp").exists()
     # row 2 was written, its state not; the write is off the learner's path, so row 3 may follow before the kill
     assert _steps(run_dir)[:3] == [0, 1, 2]
 
     # kill 2: step 3's row is written, its state not yet
-    _kill_when_paused(_start(["--resume", str(run_dir)], "after-log:3", tmp_path), run_dir)
+    _kill_when_paused(_start(["--resume", str(run_dir)], "after-log:3", tmp_path, _ray_head), run_dir)
     assert _latest_step(run_dir) == 2 and _steps(run_dir) == [0, 1, 2, 3]
     cfg = load_config(EXAMPLE, overrides)
     saved = load_file(run_dir / "checkpoints" / "ckpt-2" / "adapter_model.safetensors")
@@ -146,7 +163,7 @@ def test_killed_three_times_the_run_resumes_losing_and_repeating_nothing(tiny_mo
     assert all(torch.equal(saved[k], restored[k]) for k in saved)  # bit for bit
     pool_at_2 = resume.load_part(run_dir / "state" / "step-2", "pool")
 
-    finished = _start(["--resume", str(run_dir)], None, tmp_path, _ray_head)  # not killed: joins a shared Ray
+    finished = _start(["--resume", str(run_dir)], None, tmp_path, _ray_head)
     output = finished.communicate(timeout=300)[0].decode()
     assert finished.returncode == 0, output[-3000:]
 
