@@ -94,7 +94,10 @@ def test_a_run_on_two_nodes_ships_checkpoints_to_the_inference_node_and_resumes(
     assert max(served) == 2  # ckpt-2, handed over in memory to the actor on the other node
 
 
-def test_the_learner_sits_with_its_gpus_on_the_drivers_node_and_inference_nodes_need_the_model(two_node_cluster):
+def test_learner_ranks_and_inference_nodes_are_placed_by_their_resources(two_node_cluster):
+    """One test, so the two-node cluster is started once for both kinds of check: the learner with its GPUs sits on
+    the driver's node; inference nodes need the model; two GPU ranks are reserved together, rank 0 on the driver's
+    node, and three that do not fit are refused."""
     import ray
 
     from unstable.runtime.topology import _check_model_on, _other_nodes, learner_placements
@@ -102,42 +105,28 @@ def test_the_learner_sits_with_its_gpus_on_the_drivers_node_and_inference_nodes_
     ray.init(address=two_node_cluster.address)
     try:
         driver_node = ray.get_runtime_context().get_node_id()
-        one_rank = ["learner.num_learners=1"]
-        (options,) = learner_placements(load_config(EXAMPLE, [*one_rank, "learner.num_gpus=1"]).learner, driver_node)
+        second_node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != driver_node)
 
         @ray.remote(num_cpus=0)
         class Probe:
             def where(self) -> tuple[str, int]:
                 return ray.get_runtime_context().get_node_id(), len(ray.get_gpu_ids())
 
-        assert ray.get(Probe.options(**options).remote().where.remote(), timeout=120) == (driver_node, 1)
+        one_rank = ["learner.num_learners=1"]
+        (options,) = learner_placements(load_config(EXAMPLE, [*one_rank, "learner.num_gpus=1"]).learner, driver_node)
+        learner = Probe.options(**options).remote()
+        assert ray.get(learner.where.remote(), timeout=120) == (driver_node, 1)
+        ray.kill(learner)
+        ray.util.remove_placement_group(options["scheduling_strategy"].placement_group)  # its GPU is rank 0's below
         with pytest.raises(ConfigError, match="learner.num_gpus = 2.0: the learner runs on the driver's node"):
             learner_placements(load_config(EXAMPLE, [*one_rank, "learner.num_gpus=2"]).learner, driver_node)
         others = _other_nodes(load_config(EXAMPLE, ["inference.resources={node2: 1}"]), driver_node)
         assert [n["Resources"].get("node2") for n in others] == [1.0]
         with pytest.raises(ConfigError, match=r"model.path = '/no/such/model': no such model directory .* on Ray node"):
             _check_model_on(others, "/no/such/model")  # by a task on the second node
-    finally:
-        ray.shutdown()
 
-
-def test_gpu_learner_ranks_are_reserved_together_rank_0_on_the_drivers_node(two_node_cluster):
-    import ray
-
-    from unstable.runtime.topology import learner_placements
-
-    ray.init(address=two_node_cluster.address)
-    try:
-        driver_node = ray.get_runtime_context().get_node_id()
-        second_node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != driver_node)
-        cfg = load_config(EXAMPLE, ["learner.num_gpus=1", "learner.num_learners=2"])
-
-        @ray.remote(num_cpus=0)
-        class Rank:
-            def where(self) -> tuple[str, int]:
-                return ray.get_runtime_context().get_node_id(), len(ray.get_gpu_ids())
-
-        rank_0, rank_1 = (Rank.options(**options).remote() for options in learner_placements(cfg.learner, driver_node))
+        two = load_config(EXAMPLE, ["learner.num_gpus=1", "learner.num_learners=2"])
+        rank_0, rank_1 = (Probe.options(**options).remote() for options in learner_placements(two.learner, driver_node))
         assert ray.get(rank_0.where.remote(), timeout=120) == (driver_node, 1)
         assert ray.get(rank_1.where.remote(), timeout=120) == (second_node, 1)  # the head's one GPU is rank 0's
         three = load_config(EXAMPLE, ["learner.num_gpus=1", "learner.num_learners=3", "learner.batch_size=6"])
