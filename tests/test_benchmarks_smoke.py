@@ -63,7 +63,8 @@ SMOKES = {
         "pacing",
     ),
     "experiments/soak.py": (
-        ["--steps", "4", "--every", "2", "--flat-after", "0", "--kinds", "lora", "--out", f"{TMP}/soak.json"],
+        ["--steps", "4", "--every", "2", "--flat-after", "0", "--kinds", "lora", "--out", f"{TMP}/soak.json"]
+        + ["--set=learner.batch_size=4", "--set=collector.num_workers=4", "--set=buffer.max_buffer_size=8"],
         "soak.json",
         "per-step slope",
     ),
