@@ -74,8 +74,8 @@ def _ray_head() -> Iterator[str]:
 @pytest.fixture
 def shared_ray(_ray_head, monkeypatch) -> str:
     """Runs of this test (in process, or commands it starts) join the test process's Ray head through RAY_ADDRESS,
-    as a run joins a cluster: each run is one Ray job, whose actors Ray ends with it. Not for tests that kill a run's
-    whole process tree or start their own Ray."""
+    as a run joins a cluster: each run is one Ray job, whose actors Ray ends with it. Not for tests that start a Ray
+    of their own (pretend GPUs, two nodes)."""
     monkeypatch.setenv("RAY_ADDRESS", _ray_head)
     return _ray_head
 
