@@ -66,6 +66,7 @@ DEVICE_PEAKS = (  # (name contains, memory bandwidth GB/s, dense bf16 TFLOPS); t
     ("h100", 3350.0, 989.0),  # SXM5, HBM3 ("NVIDIA H100 80GB HBM3")
 )
 CPU_NOMINAL = (100.0, 1.0)  # GB/s, TFLOPS: round figures for a server CPU, so that smoke fractions are defined
+PROFILED_BATCHES = (1, 128)  # decode batch sizes whose steps torch.profiler breaks down
 
 
 @dataclass(frozen=True)
@@ -239,7 +240,7 @@ def model_shape(model_dir: Path) -> ModelShape:
 
 def synchronize(device: str) -> None:
     """Wait for the GPU's queued work, so wall time covers it."""
-    if device == "cuda":
+    if device.startswith("cuda"):
         torch.cuda.synchronize()
 
 
@@ -274,22 +275,49 @@ def refill(batch, prompts: list[list[int]]) -> None:
     batch.add([Row(i, ids, None) for i, ids in enumerate(prompts)])
 
 
-def decode_tokens_per_s(backend, prompts: list[list[int]], sizes: Sizes) -> float:
-    """Tokens/s of the engine's decode steps with every prompt a row (prefill and warm-up steps not timed). The
-    steps run twice on one batch: the first pass captures the CUDA graph of every bucket the timed second one
-    replays (a capture costs ~3 eager steps)."""
-    batch = running_batch(backend, prompts, sizes.decode_warmup + sizes.decode_steps + 2)
-    for _pass in ("capturing", "timed"):
+def decode_timings(batch, prompts: list[list[int]], sizes: Sizes) -> dict[str, float]:
+    """Tokens/s of the engine's decode steps on `batch` (a `running_batch`) with every prompt a row (prefill and
+    warm-up steps not timed), and the milliseconds of a whole step and of its forward alone (on a GPU the replayed
+    graph; the rest of a step is sampling and the rows' bookkeeping). The steps run three times: the first pass
+    captures the CUDA graph of every bucket the timed ones replay (a capture costs ~3 eager steps)."""
+
+    def forward():  # the step's forward alone, the rows left as they are
+        batch.cache.decode(batch.next_tokens)
+
+    seconds = {}
+    for name, step in (("capturing", batch.step), ("step", batch.step), ("forward", forward)):
         refill(batch, prompts)
         for _ in range(sizes.decode_warmup):
             batch.step()
-        synchronize(backend.device)
+        synchronize(batch.device)
         start = time.perf_counter()
         for _ in range(sizes.decode_steps):
+            step()
+        synchronize(batch.device)
+        seconds[name] = (time.perf_counter() - start) / sizes.decode_steps
+    return {
+        "tokens_per_s": len(prompts) / seconds["step"],
+        "step_ms": 1e3 * seconds["step"],
+        "forward_ms": 1e3 * seconds["forward"],
+    }
+
+
+def decode_profile(batch, prompts: list[list[int]], sizes: Sizes, rows: int = 12) -> list[str]:
+    """torch.profiler's operators of 3 decode steps of `batch` (its graphs captured by `decode_timings`), sorted
+    by device time (self CPU time on the CPU): where a replayed step's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    refill(batch, prompts)
+    for _ in range(sizes.decode_warmup):
+        batch.step()
+    cuda = batch.device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(3):
             batch.step()
-        synchronize(backend.device)
-        seconds = time.perf_counter() - start
-    return len(prompts) * sizes.decode_steps / seconds
+        synchronize(batch.device)
+    sort_by = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=sort_by, row_limit=rows, max_name_column_width=50).splitlines()
 
 
 def decode_part(cfg, model_dir: Path, sizes: Sizes, bandwidth_gbs: float, compile: bool) -> list[dict]:
@@ -313,7 +341,9 @@ def decode_part(cfg, model_dir: Path, sizes: Sizes, bandwidth_gbs: float, compil
     prompts = [backend.tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
     rows = []
     for batch in sizes.decode_batches:
-        tokens_per_s = decode_tokens_per_s(backend, prompts[:batch], sizes)
+        running = running_batch(backend, prompts[:batch], sizes.decode_warmup + sizes.decode_steps + 2)
+        timings = decode_timings(running, prompts[:batch], sizes)
+        tokens_per_s = timings["tokens_per_s"]
         mean_context = sum(map(len, prompts[:batch])) / batch + sizes.decode_warmup + 1 + sizes.decode_steps / 2
         kv_bytes = batch * mean_context * kv_bytes_per_token
         bound = batch * bandwidth_gbs * 1e9 / weights
@@ -327,11 +357,15 @@ def decode_part(cfg, model_dir: Path, sizes: Sizes, bandwidth_gbs: float, compil
                 "kv_bytes_per_step": kv_bytes,
                 "fraction_of_bound_with_kv": tokens_per_s / (batch * bandwidth_gbs * 1e9 / (weights + kv_bytes)),
                 "mean_context_tokens": mean_context,
+                "step_ms": timings["step_ms"],
+                "forward_ms": timings["forward_ms"],
+                "profile": decode_profile(running, prompts[:batch], sizes) if batch in PROFILED_BATCHES else None,
             }
         )
         print(
             f"  decode batch {batch}: {tokens_per_s:,.0f} tokens/s, {rows[-1]['fraction_of_bound']:.2%} of bound, "
-            f"{rows[-1]['fraction_of_bound_with_kv']:.2%} with KV reads"
+            f"{rows[-1]['fraction_of_bound_with_kv']:.2%} with KV reads; step {timings['step_ms']:.2f} ms, forward "
+            f"{timings['forward_ms']:.2f} ms"
         )
     rows[-1]["peak_gpu_gb"] = peak_memory_gb(device)
     backend.close()
@@ -480,15 +514,49 @@ def learner_profile(cfg, model_dir: Path, sizes: Sizes, rows: int = 25) -> list[
     return table.splitlines()
 
 
+SYNC_PHASES = ("export", "load", "first_token")  # a handover's phases, timed one after the other
+
+
+def hand_over(learner, backend, kind: str, path: str, checkpoint, prompt: str) -> dict[str, float]:
+    """The learner's current weights into the engine by `path` (in memory, or through `checkpoint.path`, a folder
+    to save into), then one token sampled with them: the seconds of each of `SYNC_PHASES` (the learner's tensors or
+    folder, loading them into the engine, the first token)."""
+    from unstable.records import GenerationRequest
+
+    device = backend.device
+    marks = [time.perf_counter()]
+    if path == "in_memory":
+        config, tensors = learner.policy.served_weights()
+    else:
+        checkpoint = replace(checkpoint, path=learner.save_checkpoint(checkpoint.path))
+    synchronize(device)
+    marks.append(time.perf_counter())
+    if path == "in_memory" and kind == "lora":
+        backend.load_adapter_tensors(checkpoint.uid, config, tensors)
+    elif path == "in_memory":
+        backend.load_weight_tensors(tensors)
+    elif kind == "lora":
+        backend.load_adapter(checkpoint)
+    else:
+        backend.load_weights(checkpoint.path)
+    synchronize(device)
+    marks.append(time.perf_counter())
+    backend.generate([GenerationRequest(prompt, checkpoint if kind == "lora" else None)])
+    synchronize(device)
+    marks.append(time.perf_counter())
+    return {phase: end - start for phase, start, end in zip(SYNC_PHASES, marks, marks[1:])}
+
+
 def weight_sync_part(cfg, model_dir: Path, sizes: Sizes, rounds: int = 3) -> dict:
     """Seconds from the end of a learner update to the first token sampled with its weights, in one process on one
     device: handed over in memory (`PolicyModel.served_weights` into the engine) and through a checkpoint folder
-    (save, then load from disk, as the loop did before), for a LoRA adapter and for full weights. The engine is the
-    loop's (`inference.compile` as chosen), the learner the example's; an update is `Sizes.learner_steps` rows of
+    (save, then load from disk, as the loop did before), for a LoRA adapter and for full weights, with the median
+    of each phase (`hand_over`; the phases are synchronized, which their sum pays for). The engine is the loop's
+    (`inference.compile` as chosen), the learner the example's; an update is `Sizes.learner_steps` rows of
     `prompt_tokens` + 16 completion tokens."""
     from unstable.inference import SamplingConfig
     from unstable.inference.transformers_backend import TransformersBackend
-    from unstable.records import Checkpoint, GenerationRequest
+    from unstable.records import Checkpoint
 
     device = cfg.inference.device
     short = replace(sizes, completion_tokens=16)
@@ -504,38 +572,39 @@ def weight_sync_part(cfg, model_dir: Path, sizes: Sizes, rounds: int = 3) -> dic
         prompt = loop_bench.game_prompts(backend.tokenizer, 1, openings_only=True)[0]
         learner = example_learner(cfg, model_dir, lora=kind == "lora")
         steps = synthetic_steps(model_shape(model_dir).vocab, short)
-        timings: dict[str, list[float]] = {"in_memory": [], "checkpoint_folder": []}
+        phases: dict[str, list[dict[str, float]]] = {"in_memory": [], "checkpoint_folder": []}
         with tempfile.TemporaryDirectory(prefix="gpu-bench-") as folder:
             for round_ in range(rounds + 1):  # the first round warms up both paths
-                for path in timings:
+                for path in phases:
                     learner.train_step(steps)
                     synchronize(device)
-                    start = time.perf_counter()
                     uid = f"{kind}-{round_}-{path}"
-                    if path == "in_memory":
-                        config, tensors = learner.policy.served_weights()
-                        checkpoint = Checkpoint(uid, "", round_, kind)
-                        if kind == "lora":
-                            backend.load_adapter_tensors(uid, config, tensors)
-                        else:
-                            backend.load_weight_tensors(tensors)
-                    else:
-                        checkpoint = Checkpoint(uid, learner.save_checkpoint(str(Path(folder) / uid)), round_, kind)
-                        if kind == "lora":
-                            backend.load_adapter(checkpoint)
-                        else:
-                            backend.load_weights(checkpoint.path)
-                    backend.generate([GenerationRequest(prompt, checkpoint if kind == "lora" else None)])
-                    synchronize(device)
+                    checkpoint = Checkpoint(uid, str(Path(folder) / uid), round_, kind)
+                    timing = hand_over(learner, backend, kind, path, checkpoint, prompt)
                     if round_:
-                        timings[path].append(time.perf_counter() - start)
+                        phases[path].append(timing)
                     if kind == "lora":
                         backend.unload_adapter(uid)
         backend.close()
         del learner
         release_memory(device)
-        result[kind] = {path: statistics.median(times) for path, times in timings.items()} | {"rounds": timings}
-        print(f"  weight sync {kind}: " + ", ".join(f"{p} {t:.3f} s" for p, t in result[kind].items() if p != "rounds"))
+        totals = {path: [sum(t.values()) for t in timings] for path, timings in phases.items()}
+        result[kind] = {path: statistics.median(times) for path, times in totals.items()} | {
+            "rounds": totals,
+            "phases": {
+                path: {p: statistics.median(t[p] for t in timings) for p in SYNC_PHASES}
+                for path, timings in phases.items()
+            },
+        }
+        print(
+            f"  weight sync {kind}: "
+            + ", ".join(
+                f"{path} {result[kind][path]:.3f} s ("
+                + ", ".join(f"{p} {s:.3f}" for p, s in result[kind]["phases"][path].items())
+                + ")"
+                for path in phases
+            )
+        )
     return result
 
 
