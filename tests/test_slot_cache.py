@@ -156,3 +156,35 @@ def test_a_padded_step_has_lora_weights_for_its_padding_rows(tiny_model_dir, ada
     for got, expected in zip(backend.generate(requests), padded.generate(requests)):
         assert got.completion_token_ids == expected.completion_token_ids
         assert got.logprobs == pytest.approx(expected.logprobs, abs=1e-5)
+
+
+def test_the_compiled_step_is_compiled_once_per_lora_state_whatever_the_batch_and_length(
+    tiny_model_dir, adapter, monkeypatch
+):
+    """The loop's engine meets every batch bucket and context length, the cache growing, adapters arriving and a
+    second adapter widening the LoRA slots: its compiled step is traced once without adapters and once with them.
+    (A compile takes tens of seconds on a GPU machine for a 28-layer model: the compiled loop of benchmarks/gpu.py had not
+    made its 8 learner steps after 280 s.) Compiled with the aot_eager backend: dynamo's and AOT autograd's guards,
+    not inductor's code."""
+    from torch._dynamo.utils import counters
+
+    from unstable.inference import slot_cache
+
+    compile = torch.compile
+    monkeypatch.setattr(slot_cache.torch, "compile", lambda fn, **options: compile(fn, backend="aot_eager", **options))
+    torch._dynamo.reset()
+    counters.clear()
+    backend = TransformersBackend(tiny_model_dir, SamplingConfig(40, 1.0), cuda_graphs=True, compile=True)
+    tokenize = lambda text: backend.tokenizer(text, add_special_tokens=False)["input_ids"]
+    batch = backend.new_batch()
+    second = Checkpoint("lora-2", adapter.path)
+    exact = (tokenize(PROMPTS[3]) * 4)[:216]  # + 40 new tokens: steps up to the cache's first width, 256 columns
+    for rows, uid in ((1, None), (3, None), (9, None), (5, adapter.uid), (17, adapter.uid), (6, second.uid)):
+        if uid and uid not in backend.adapters:
+            backend.load_adapter(adapter if uid == adapter.uid else second)
+        prompts = [exact] if rows == 1 else [tokenize(PROMPTS[i % 4]) * 2 for i in range(rows)]
+        batch.add([Row(i, prompt, uid if i % 2 else None) for i, prompt in enumerate(prompts)])
+        for _ in range(40):  # past the first 256 columns: the cache grows
+            batch.step()
+    assert counters["stats"]["unique_graphs"] == 2
+    torch._dynamo.reset()

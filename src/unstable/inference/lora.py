@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 PEFT_PREFIX = "base_model.model."
+MIN_SLOTS = 2  # adapter slots allocated at least: a compiler takes a size of 1 as a constant (a second compile)
 BASE_WEIGHT = ".base_layer.weight"
 
 
@@ -89,7 +90,7 @@ class LoRASlots:
         for module_path in pairs:
             if module_path not in self.layers:
                 self.layers[module_path] = self._wrap(module_path)
-        self._resize(max(len(self.scale), slot + 1), max(self.rank, config["r"]))
+        self._resize(max(len(self.scale), slot + 1, MIN_SLOTS), max(self.rank, config["r"]))
         for module_path, layer in self.layers.items():
             layer.put(slot, *pairs.get(module_path, (None, None)))
         self.scale[slot] = config["lora_alpha"] / (config["r"] ** 0.5 if config.get("use_rslora") else config["r"])
@@ -114,6 +115,12 @@ class LoRASlots:
         weights = on_slot.repeat_interleave(self.rank, dim=1)[:, None]  # (B, 1, slots * rank)
         self.row_weights[: len(adapters)] = weights.to(self.row_weights)
         self._selected = tuple(adapters)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor a forward reads besides the base model's: each layer's stacked `A` and `B`, the per-row
+        weights."""
+        stacked = [t for layer in self.layers.values() for t in (layer.A, layer.B)]
+        return stacked + ([self.row_weights] if self.row_weights is not None else [])
 
     def reserve(self, rows: int) -> None:
         """Room in the per-row weights for forwards of `rows` rows (a captured step's padded batch included)."""

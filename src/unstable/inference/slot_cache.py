@@ -122,6 +122,7 @@ class SlotCache:
         self.attention = attention
         self.lora = lora
         self.graphs = graphs
+        self.compiled = compile
         self.forward = torch.compile(decode_forward, dynamic=True) if compile else decode_forward
         config = model.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -137,6 +138,7 @@ class SlotCache:
         self._captured: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._pool = None  # the captured graphs' shared memory pool
         self._captured_for = None  # (generation, LoRA version) the graphs were captured with
+        self._marked_for = None  # (generation, LoRA version) whose tensors `_mark_dynamic` marked
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -162,11 +164,13 @@ class SlotCache:
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits `(B, V)` of one decode step of every row, `tokens` `(B,)` their last sampled tokens."""
         batch, length = len(self.positions), length_bucket(max(self.positions) + 1)
+        if self.compiled and self._marked_for != (self._generation, self.lora.version):
+            self._mark_dynamic()
         if self.graphs:
             logits = self._replay(tokens, batch, length)
         else:
             with sdpa_kernel(self.attention):
-                args = (tokens, self.position_buffer[:batch], self.keys, self.values, length)
+                args = (*self._rows(tokens, self.position_buffer[:batch]), self.keys, self.values, length)
                 logits = self.forward(self.model, *args)
         self.position_buffer[:batch] += 1
         self.positions = [p + 1 for p in self.positions]
@@ -199,12 +203,33 @@ class SlotCache:
         slots, width = max(slots, batch_bucket(rows), MIN_BUCKET), max(width, MIN_COLUMNS)
         while width < columns:
             width *= 2
+        width = max(width, length_bucket(columns) + 1)  # no step reads every column: compiled, that was a new guard
         self.keys = [self._grown(old, slots, width) for old in self.keys]
         self.values = [self._grown(old, slots, width) for old in self.values]
         self.position_buffer = _grown_vector(self.position_buffer, slots)
         self.token_buffer = _grown_vector(self.token_buffer, slots)
         self.lora.reserve(slots)  # a padded step's rows read their LoRA weights too
         self._generation += 1
+
+    def _mark_dynamic(self) -> None:
+        """Tell the compiler which sizes change (slots and columns of the cache, slots and rank of the LoRA tensors,
+        rows of the per-row LoRA weights), so that the step is compiled once for them all: dynamo took the first
+        sizes it met as constants and compiled again at the next (tens of seconds each on a GPU machine)."""
+        for cached in self.keys + self.values:
+            torch._dynamo.maybe_mark_dynamic(cached, 0)
+            torch._dynamo.maybe_mark_dynamic(cached, 1)
+        for tensor in self.lora.tensors():
+            for dim in range(tensor.dim()):
+                if tensor.shape[dim] > 1:
+                    torch._dynamo.maybe_mark_dynamic(tensor, dim)
+        self._marked_for = (self._generation, self.lora.version)
+
+    def _rows(self, tokens: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A step's per-row inputs, their row count marked as changing when the step is compiled."""
+        if self.compiled:
+            torch._dynamo.maybe_mark_dynamic(tokens, 0)
+            torch._dynamo.maybe_mark_dynamic(positions, 0)
+        return tokens, positions
 
     def _zeros(self, slots: int, width: int) -> list[torch.Tensor]:
         shape = (slots, width, *self.row_shape)
@@ -241,7 +266,8 @@ class SlotCache:
         """The step of `bucket` rows over `length` columns as a CUDA graph (captured after two warm-up runs on a side
         stream, which compile it if it is compiled and write the same keys and values the replay then writes); on
         the CPU the same step, run eagerly at each replay."""
-        args = (self.token_buffer[:bucket], self.position_buffer[:bucket], self.keys, self.values, length)
+        rows = self._rows(self.token_buffer[:bucket], self.position_buffer[:bucket])
+        args = (*rows, self.keys, self.values, length)
 
         def step():
             with sdpa_kernel(self.attention):
