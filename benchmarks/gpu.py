@@ -3,6 +3,7 @@ bound, learner MFU with LoRA and with full fine-tuning, and the whole loop again
 
     python benchmarks/gpu.py [--out benchmarks/results/gpu.json] [--bandwidth-gbs B] [--peak-tflops F]
     python benchmarks/gpu.py --smoke --out /tmp/gpu.json   # the same code on CPU, tiny model and sizes (tests)
+    python benchmarks/gpu.py --parts loop --compile off      # some parts only (the loop includes the bare engine)
 
 The model is a random-weight bfloat16 model shaped like Qwen3-0.6B (`unstable.models.ensure_shaped_model`, built
 once into `.cache/` with the tiny model's tokenizer: nothing comes from a model hub). The settings are
@@ -66,6 +67,7 @@ DEVICE_PEAKS = (  # (name contains, memory bandwidth GB/s, dense bf16 TFLOPS); t
     ("h100", 3350.0, 989.0),  # SXM5, HBM3 ("NVIDIA H100 80GB HBM3")
 )
 CPU_NOMINAL = (100.0, 1.0)  # GB/s, TFLOPS: round figures for a server CPU, so that smoke fractions are defined
+PARTS = ("decode", "learner", "sync", "loop", "variants", "profile")
 PROFILED_BATCHES = (1, 128)  # decode batch sizes whose steps torch.profiler breaks down
 
 
@@ -123,6 +125,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--bandwidth-gbs", type=float, help="GPU memory bandwidth (default: from the device name)")
     parser.add_argument("--peak-tflops", type=float, help="peak dense bf16 TFLOPS (default: from the device name)")
     parser.add_argument("--run-dir", default="runs", help="where the loop's run directory goes")
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=PARTS,
+        default=list(PARTS),
+        help="the parts to run (default: all; the loop includes the bare engine), for a short time on a GPU",
+    )
     parser.add_argument(
         "--compile",
         choices=("auto", "on", "off"),
@@ -636,19 +645,21 @@ def timed(part: str, elapsed: dict[str, float], device: str):
     print(f"[{part}] {elapsed[part]:.1f} s (total {sum(elapsed.values()):.1f} s)", flush=True)
 
 
-def headline(decode: list[dict], lora: dict, full: dict, sync: dict, loop: dict, bare: dict) -> dict[str, float]:
-    """The top-level fractions and seconds of the JSON."""
-    fractions = {f"decode_fraction_of_bound_b{row['batch']}": row["fraction_of_bound"] for row in decode}
-    fractions |= {
-        f"decode_fraction_of_bound_with_kv_b{row['batch']}": row["fraction_of_bound_with_kv"] for row in decode
-    }
-    return fractions | {
-        "learner_mfu_lora": lora["mfu"],
-        "learner_mfu_full": full["mfu"],
-        "weight_sync_seconds_lora": sync["lora"]["in_memory"],
-        "weight_sync_seconds_full": sync["full"]["in_memory"],
-        "loop_over_bare": loop["tokens_per_s"] / bare["lora"]["tokens_per_s"],
-    }
+def headline(result: dict) -> dict[str, float]:
+    """The top-level fractions and seconds of the JSON, of the parts `result` holds."""
+    top = {}
+    for row in result.get("decode", ()):
+        top[f"decode_fraction_of_bound_b{row['batch']}"] = row["fraction_of_bound"]
+        top[f"decode_fraction_of_bound_with_kv_b{row['batch']}"] = row["fraction_of_bound_with_kv"]
+    for kind in ("lora", "full"):
+        if kind in result.get("learner", {}):
+            top[f"learner_mfu_{kind}"] = result["learner"][kind]["mfu"]
+        if kind in result.get("weight_sync", {}):
+            top[f"weight_sync_seconds_{kind}"] = result["weight_sync"][kind]["in_memory"]
+    if "bare" in result:
+        top["loop_over_bare"] = result["loop"]["tokens_per_s"] / result["bare"]["lora"]["tokens_per_s"]
+        top["loop_over_bare_base"] = result["loop"]["tokens_per_s"] / result["bare"]["base"]["tokens_per_s"]
+    return top
 
 
 def print_table(result: dict) -> None:
@@ -707,51 +718,54 @@ def main() -> None:
     }
 
     def save() -> None:  # after every part, so a run cut short keeps what it measured
-        atomic.write_text(out, json.dumps(result, indent=2))
+        atomic.write_text(out, json.dumps(headline(result) | result, indent=2))
 
+    parts = set(args.parts)
     with timed("model", elapsed, device):
         model_dir = model_directory(args)
         cfg = run_config(model_dir, sizes, args)
     model_name = model_dir.relative_to(ROOT) if model_dir.is_relative_to(ROOT) else model_dir  # no machine paths
-    result |= {"model": str(model_name), "dtype": cfg.model.dtype}
-    with timed("decode", elapsed, device):
-        decode = decode_variants(cfg, model_dir, sizes, bandwidth_gbs, args.compile, cuda)
-    result |= {"decode": decode["rows"], "decode_engine": decode["chosen"], "decode_variants": decode["variants"]}
-    cfg = cfg.model_copy(
-        update={"inference": cfg.inference.model_copy(update={"compile": decode["chosen"] == "compiled"})}
-    )
+    result |= {"model": str(model_name), "dtype": cfg.model.dtype, "parts": args.parts}
+    compile = args.compile == "on"
+    if "decode" in parts:
+        with timed("decode", elapsed, device):
+            decode = decode_variants(cfg, model_dir, sizes, bandwidth_gbs, args.compile, cuda)
+        result |= {"decode": decode["rows"], "decode_engine": decode["chosen"], "decode_variants": decode["variants"]}
+        compile = decode["chosen"] == "compiled"
+        save()
+    cfg = cfg.model_copy(update={"inference": cfg.inference.model_copy(update={"compile": compile})})
+    if "learner" in parts:
+        result["learner"] = {}
+        for kind in ("lora", "full"):
+            with timed(f"learner {kind}", elapsed, device):
+                result["learner"][kind] = learner_part(cfg, model_dir, sizes, peak_tflops, lora=kind == "lora")
+            save()
+    if "sync" in parts:
+        with timed("weight sync", elapsed, device):
+            result["weight_sync"] = weight_sync_part(cfg, model_dir, sizes)
+        save()
+    if "loop" in parts:
+        with timed("loop", elapsed, device):
+            loop = result["loop"] = loop_bench.measure_loop(cfg)
+            print(
+                f"  loop @ {loop['workers']}: {loop['tokens_per_s']:,.0f} tokens/s, {loop['learner_s_per_step']:.2f} "
+                f"s/step, weight sync {loop['weight_sync_seconds']:.3f} s/step"
+            )
+        save()
+        with timed("bare engine", elapsed, device):
+            result["bare"] = bare_part(cfg, model_dir, sizes, loop["last_checkpoint"])
+        save()
+    if "variants" in parts:
+        with timed("learner variants", elapsed, device):
+            result["learner_variants"] = learner_variants(cfg, model_dir, sizes, peak_tflops)
+        save()
+    if "profile" in parts:
+        with timed("learner profile", elapsed, device):
+            result["learner_profile"] = learner_profile(cfg, model_dir, sizes)
+    result["complete"] = parts == set(PARTS)
     save()
-    result["learner"] = {}
-    with timed("learner LoRA", elapsed, device):
-        result["learner"]["lora"] = learner_part(cfg, model_dir, sizes, peak_tflops, lora=True)
-    save()
-    with timed("learner full", elapsed, device):
-        result["learner"]["full"] = learner_part(cfg, model_dir, sizes, peak_tflops, lora=False)
-    save()
-    with timed("weight sync", elapsed, device):
-        result["weight_sync"] = weight_sync_part(cfg, model_dir, sizes)
-    save()
-    with timed("loop", elapsed, device):
-        loop = result["loop"] = loop_bench.measure_loop(cfg)
-        print(
-            f"  loop @ {loop['workers']}: {loop['tokens_per_s']:,.0f} tokens/s, {loop['learner_s_per_step']:.2f} "
-            f"s/step, weight sync {loop['weight_sync_seconds']:.3f} s/step"
-        )
-    save()
-    with timed("bare engine", elapsed, device):
-        bare = result["bare"] = bare_part(cfg, model_dir, sizes, loop["last_checkpoint"])
-    learner = result["learner"]
-    result = headline(result["decode"], learner["lora"], learner["full"], result["weight_sync"], loop, bare) | result
-    result["loop_over_bare_base"] = loop["tokens_per_s"] / bare["base"]["tokens_per_s"]
-    save()
-    with timed("learner variants", elapsed, device):
-        result["learner_variants"] = learner_variants(cfg, model_dir, sizes, peak_tflops)
-    save()
-    with timed("learner profile", elapsed, device):
-        result["learner_profile"] = learner_profile(cfg, model_dir, sizes)
-    result["complete"] = True
-    save()
-    print_table(result)
+    if {"decode", "learner", "sync", "loop"} <= parts:
+        print_table(headline(result) | result)
     print(f"\nwritten to {out}")
 
 
