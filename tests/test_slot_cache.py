@@ -163,9 +163,9 @@ def test_the_compiled_step_is_compiled_once_per_lora_state_whatever_the_batch_an
 ):
     """The loop's engine meets every batch bucket and context length, the cache growing, adapters arriving and a
     second adapter widening the LoRA slots: its compiled step is traced once without adapters and once with them.
-    (A compile takes tens of seconds on a GPU machine for a 28-layer model: the compiled loop of benchmarks/gpu.py had not
-    made its 8 learner steps after 280 s.) Compiled with the aot_eager backend: dynamo's and AOT autograd's guards,
-    not inductor's code."""
+    (A compile takes tens of seconds on a GPU machine for a 28-layer model: the compiled loop of benchmarks/gpu.py
+    had not made its 8 learner steps after 280 s.) Compiled with the aot_eager backend: dynamo's and AOT autograd's
+    guards, not inductor's code."""
     from torch._dynamo.utils import counters
 
     from unstable.inference import slot_cache
