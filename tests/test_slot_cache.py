@@ -182,7 +182,7 @@ def test_the_compiled_step_is_compiled_once_per_lora_state_whatever_the_batch_an
     for rows, uid in ((1, None), (3, None), (9, None), (5, adapter.uid), (17, adapter.uid), (6, second.uid)):
         if uid and uid not in backend.adapters:
             backend.load_adapter(adapter if uid == adapter.uid else second)
-        prompts = [exact] if rows == 1 else [tokenize(PROMPTS[i % 4]) * 2 for i in range(rows)]
+        prompts = [exact] if rows == 1 else [tokenize(PROMPTS[i % 4]) * 3 for i in range(rows)]
         batch.add([Row(i, prompt, uid if i % 2 else None) for i, prompt in enumerate(prompts)])
         for _ in range(40):  # past the first 256 columns: the cache grows
             batch.step()
