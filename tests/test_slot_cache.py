@@ -188,3 +188,20 @@ def test_the_compiled_step_is_compiled_once_per_lora_state_whatever_the_batch_an
             batch.step()
     assert counters["stats"]["unique_graphs"] == 2
     torch._dynamo.reset()
+
+
+def test_full_weights_loaded_in_place_reach_the_fused_projections(tiny_model_dir):
+    """The decode step's concatenated q/k/v and gate/up weights are the model's own parameters' storage: weights
+    handed over in place (`load_weight_tensors`) are the ones the next steps decode with."""
+    greedy = SamplingConfig(10, 0.0)
+    slots = TransformersBackend(tiny_model_dir, greedy, cuda_graphs=True)
+    padded = TransformersBackend(tiny_model_dir, greedy, slot_cache=False)
+    request = [GenerationRequest(PROMPTS[1])]
+    before = slots.generate(request)[0]
+    generator = torch.Generator().manual_seed(0)
+    state = {k: v + 0.2 * torch.randn(v.shape, generator=generator) for k, v in padded.model.state_dict().items()}
+    for backend in (slots, padded):
+        backend.load_weight_tensors(state)
+    got, expected = slots.generate(request)[0], padded.generate(request)[0]
+    assert got.completion_token_ids == expected.completion_token_ids != before.completion_token_ids
+    assert got.logprobs == pytest.approx(expected.logprobs, abs=1e-5)

@@ -36,11 +36,16 @@ class BatchedLoRALinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
+        delta = self.delta(x)
+        return y if delta is None else y + delta
+
+    def delta(self, x: torch.Tensor) -> torch.Tensor | None:
+        """What the rows' adapters add to the base layer's output for `x` (B, T, in); None before any adapter."""
         weights = self.slots.row_weights  # (rows, 1, slots * rank): each row's scale on its own slot's columns
         if weights is None or self.A.numel() == 0:
-            return y
+            return None
         down = x @ self.A.view(-1, self.A.shape[-1]).T  # (B, T, slots * rank): every slot's A at once
-        return y + (down * weights[: x.shape[0]]) @ self.B.view(-1, self.B.shape[-1])  # (B, T, out)
+        return (down * weights[: x.shape[0]]) @ self.B.view(-1, self.B.shape[-1])  # (B, T, out)
 
     def resize(self, slots: int, rank: int) -> None:
         """Grow the stacked weights to `slots` x `rank` (zeros where new)."""

@@ -6,11 +6,12 @@ per row in place; nothing is padded or concatenated (the `PaddedCache` of `decod
 every step). The rows hold slots 0..B-1: a row that leaves hands its slot to the last row.
 
 The decode step is this module's own pass over the model's layers (`decode_forward`, for the Llama-family decoders of
-`SUPPORTED_MODEL_TYPES`; the prefill stays the model's own forward). It reads the first `Lb` columns of the first `Bb`
-slots, `Bb` and `Lb` the batch and length buckets at or above the batch's rows and its longest context, each row
-attending to its own columns through a mask. On a GPU the step for each (Bb, Lb) is captured once as a CUDA graph and
-replayed: one launch instead of ~1,600 kernel launches whose CPU time bound the step (experiments/log.md, the H100
-entry). With `compile` the pass is compiled by `torch.compile` first (fused elementwise kernels: fewer, shorter
+`SUPPORTED_MODEL_TYPES`; the prefill stays the model's own forward), each layer's query, key and value projections one
+matrix product and its MLP's gate and up projections another (`fuse_projections`). It reads the first `Lb` columns of
+the first `Bb` slots, `Bb` and `Lb` the batch and length buckets at or above the batch's rows and its longest context,
+each row attending to its own columns through a mask. On a GPU the step for each (Bb, Lb) is captured once as a CUDA
+graph and replayed: one launch instead of ~1,600 kernel launches whose CPU time bound the step (experiments/log.md, the
+H100 entry). With `compile` the pass is compiled by `torch.compile` first (fused elementwise kernels: fewer, shorter
 kernels in each graph). On the CPU the same pass runs eagerly on the exact batch.
 """
 
@@ -20,7 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
+from unstable.inference.lora import BatchedLoRALinear
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+FUSED = {"self_attn": ("q_proj", "k_proj", "v_proj"), "mlp": ("gate_proj", "up_proj")}  # one product each
 LENGTH_STEP = 32  # columns per length bucket up to 1,024
 MIN_COLUMNS = 256  # the cache's first allocation, in columns (it grows by doubling)
 MIN_BUCKET = 2  # the smallest captured batch: torch.compile specializes a dimension of size 1 (a second compile)
@@ -57,11 +61,38 @@ def length_bucket(columns: int) -> int:
     return -(-columns // step) * step
 
 
-def decode_forward(model, tokens, positions, keys, values, length: int) -> torch.Tensor:
+def fuse_projections(model) -> list[dict[str, tuple[torch.Tensor, torch.Tensor | None]]]:
+    """Per decoder layer, the weights (and biases) of its query, key and value projections concatenated into one
+    tensor, and of its MLP's gate and up projections into another, the model's own parameters becoming views into
+    them (a weight loaded in place reaches both): `decode_forward` runs 4 matrix products a layer instead of 7 (on
+    an H200, 196 small matrix-vector products were most of a batch-1 step's GPU time, experiments/log.md)."""
+    return [
+        {part: _fused([getattr(getattr(layer, part), name) for name in names]) for part, names in FUSED.items()}
+        for layer in model.model.layers
+    ]
+
+
+def _fused(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One (weight, bias) for `linears` (outputs concatenated), each linear's own parameters made views into it."""
+    weight = torch.cat([linear.weight.detach() for linear in linears])  # (sum of outs, in)
+    biased = linears[0].bias is not None
+    bias = torch.cat([linear.bias.detach() for linear in linears]) if biased else None
+    start = 0
+    for linear in linears:
+        rows = slice(start, start + linear.out_features)
+        linear.weight = torch.nn.Parameter(weight[rows], requires_grad=False)
+        if biased:
+            linear.bias = torch.nn.Parameter(bias[rows], requires_grad=False)
+        start = rows.stop
+    return weight, bias
+
+
+def decode_forward(model, fused, tokens, positions, keys, values, length: int) -> torch.Tensor:
     """Logits `(B, V)` of one decode step: row b's token `tokens[b]` at position `positions[b]` of slot b. Writes each
     row's key and value into `keys`, `values` (a `(slots, columns, kv_heads, head_dim)` tensor per layer: a whole
     tensor written in place, which `torch.compile` keeps in place; a slice of one cache tensor it copied whole at
-    every step) at its position and attends over the slot's first `length` columns, those up to its position."""
+    every step) at its position and attends over the slot's first `length` columns, those up to its position.
+    `fused` holds each layer's concatenated projections (`fuse_projections`)."""
     decoder = model.model
     slots = torch.arange(tokens.shape[0], device=tokens.device)  # (B,)
     hidden = decoder.embed_tokens(tokens[:, None])  # (B, 1, H)
@@ -71,17 +102,34 @@ def decode_forward(model, tokens, positions, keys, values, length: int) -> torch
     at = (slots, positions)
     for index, layer in enumerate(decoder.layers):
         attend = (keys[index], values[index], at, mask[:, None, None], length)
-        hidden = hidden + _attention(layer.self_attn, _normed(layer.input_layernorm, hidden), cos, sin, *attend)
-        hidden = hidden + layer.mlp(_normed(layer.post_attention_layernorm, hidden))
+        x = _normed(layer.input_layernorm, hidden)
+        hidden = hidden + _attention(layer.self_attn, fused[index]["self_attn"], x, cos, sin, *attend)
+        hidden = hidden + _mlp(layer.mlp, fused[index]["mlp"], _normed(layer.post_attention_layernorm, hidden))
     return model.lm_head(_normed(decoder.norm, hidden))[:, 0]  # (B, V)
 
 
-def _attention(attn, x, cos, sin, keys, values, at, mask, length: int) -> torch.Tensor:
+def _projected(x: torch.Tensor, fused, modules: list) -> list[torch.Tensor]:
+    """Each of `modules`' outputs for `x` from one product with their `fused` (weight, bias), plus what a module's
+    LoRA adapters add (`BatchedLoRALinear.delta`)."""
+    bases = [getattr(module, "base", module) for module in modules]
+    outputs = F.linear(x, *fused).split([base.out_features for base in bases], dim=-1)
+    deltas = [module.delta(x) if isinstance(module, BatchedLoRALinear) else None for module in modules]
+    return [out if delta is None else out + delta for out, delta in zip(outputs, deltas)]
+
+
+def _mlp(mlp, fused, x: torch.Tensor) -> torch.Tensor:
+    """A Llama-family MLP's output for `x`, its gate and up projections one product."""
+    gate, up = _projected(x, fused, [mlp.gate_proj, mlp.up_proj])
+    return mlp.down_proj(mlp.act_fn(gate) * up)
+
+
+def _attention(attn, fused, x, cos, sin, keys, values, at, mask, length: int) -> torch.Tensor:
     """One layer's self-attention output `(B, 1, H)` for the decode step's `x` `(B, 1, H)`."""
     batch, head_dim = x.shape[0], attn.head_dim
-    q = attn.q_proj(x).view(batch, -1, head_dim)  # (B, Hq, D)
-    k = attn.k_proj(x).view(batch, -1, head_dim)  # (B, Hkv, D)
-    v = attn.v_proj(x).view(batch, -1, head_dim)
+    q, k, v = _projected(x, fused, [attn.q_proj, attn.k_proj, attn.v_proj])
+    q = q.view(batch, -1, head_dim)  # (B, Hq, D)
+    k = k.view(batch, -1, head_dim)  # (B, Hkv, D)
+    v = v.view(batch, -1, head_dim)
     if hasattr(attn, "q_norm"):  # Qwen3 normalises each head's query and key
         q, k = _normed(attn.q_norm, q), _normed(attn.k_norm, k)
     q, k = _rotated(q, cos, sin), _rotated(k, cos, sin)
@@ -116,8 +164,9 @@ class SlotCache:
     kernels the step may use; `lora` is the model's batched LoRA (a graph is captured again when its tensors are
     replaced)."""
 
-    def __init__(self, model, device: str, attention, lora, *, graphs: bool = False, compile: bool = False):
+    def __init__(self, model, fused, device: str, attention, lora, *, graphs: bool = False, compile: bool = False):
         self.model = model
+        self.fused = fused
         self.device = device
         self.attention = attention
         self.lora = lora
@@ -171,7 +220,7 @@ class SlotCache:
         else:
             with sdpa_kernel(self.attention):
                 args = (*self._rows(tokens, self.position_buffer[:batch]), self.keys, self.values, length)
-                logits = self.forward(self.model, *args)
+                logits = self.forward(self.model, self.fused, *args)
         self.position_buffer[:batch] += 1
         self.positions = [p + 1 for p in self.positions]
         return logits
@@ -271,7 +320,7 @@ class SlotCache:
 
         def step():
             with sdpa_kernel(self.attention):
-                self.logit_buffer[:bucket] = self.forward(self.model, *args)
+                self.logit_buffer[:bucket] = self.forward(self.model, self.fused, *args)
 
         if not self.device.startswith("cuda"):
             return _Uncaptured(step)

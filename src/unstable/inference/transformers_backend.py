@@ -19,7 +19,7 @@ from unstable.inference.base import (
 from unstable.inference.decoding import DecodeBatch, PaddedCache, Row, supports_continuous_batching
 from unstable.inference.lora import LoRASlots
 from unstable.inference.prefix_cache import PrefixCache
-from unstable.inference.slot_cache import SlotCache, supports_slot_decoding
+from unstable.inference.slot_cache import SlotCache, fuse_projections, supports_slot_decoding
 from unstable.records import Checkpoint
 
 
@@ -69,6 +69,7 @@ class TransformersBackend(InferenceBackend):
         self.lora = LoRASlots(self.model)
         self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
         self.slot_cache = slot_cache and supports_slot_decoding(self.model)
+        self.fused = fuse_projections(self.model) if self.slot_cache else None
         self.cuda_graphs = device.startswith("cuda") if cuda_graphs is None else cuda_graphs
         self.compile = compile
         self._running = self.new_batch()
@@ -147,7 +148,7 @@ class TransformersBackend(InferenceBackend):
         ending rows at `eos_token_id` (defaults: the engine's; -1 ends none)."""
         if self.slot_cache:
             graphs = dict(graphs=self.cuda_graphs, compile=self.compile)
-            cache = SlotCache(self.model, self.device, decoding.ATTENTION_BACKENDS, self.lora, **graphs)
+            cache = SlotCache(self.model, self.fused, self.device, decoding.ATTENTION_BACKENDS, self.lora, **graphs)
         else:
             cache = PaddedCache(self.model, self.device)
         return DecodeBatch(
