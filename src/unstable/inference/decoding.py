@@ -1,16 +1,16 @@
 """Continuous batching for a transformers causal LM: rows join and leave a running batch between decode steps.
 
-A `DecodeBatch` holds the rows being generated, their KV cache and each row's next token. `add` prefills new prompts
-in one forward pass of the model (over what the prefix cache does not hold) and hands their keys and values to the
-cache; `step` runs one decode forward over every row, samples a token per row (recording its log-prob under the
-distribution it was drawn from, tempered and top-p truncated, computed from one step's logits only) and returns the
-rows that finished, which leave the batch at once so a waiting request can take their place. Only the last position's
-logits are computed (`logits_to_keep=1`), never `(tokens, vocab)` for a whole prompt.
+A `DecodeBatch` holds the rows being generated, their KV cache and each row's next token. `add` has the cache prefill
+new prompts in one forward pass (over what the prefix cache does not hold); `step` runs one decode forward over every
+row, samples a token per row (recording its log-prob under the distribution it was drawn from, tempered and top-p
+truncated, computed from one step's logits only) and returns the rows that finished, which leave the batch at once so a
+waiting request can take their place. Only the last position's logits are computed (`logits_to_keep=1`), never `(tokens,
+vocab)` for a whole prompt.
 
-The cache is a `slot_cache.SlotCache` (preallocated slots, the decode step the engine's own pass, a CUDA graph on a
-GPU) for Llama-family models, else a `PaddedCache` (transformers' dynamic cache, left-padded to one length). Rows
-may name different LoRA adapters: the batched LoRA layers (`inference/lora.py`) apply each row's adapter in the same
-forward pass.
+The cache is a `slot_cache.SlotCache` (preallocated slots, the prefill and the decode step the engine's own pass, the
+decode step a CUDA graph on a GPU) for Llama-family models, else a `PaddedCache` (transformers' dynamic cache and
+forward pass, left-padded to one length). Rows may name different LoRA adapters: the batched LoRA layers
+(`inference/lora.py`) apply each row's adapter in the same forward pass.
 """
 
 from __future__ import annotations
@@ -157,8 +157,8 @@ class DecodeBatch:
 
     @torch.no_grad()
     def add(self, rows: list[Row]) -> list[Row]:
-        """Prefill `rows` (one padded forward pass over what the prefix cache does not hold), sample each one's
-        first token and join the batch; returns the rows already finished by that token."""
+        """Prefill `rows` (one forward pass over what the prefix cache does not hold), sample each one's first token
+        and join the batch; returns the rows already finished by that token."""
         if not rows:
             return []
         cached = [self.prefix_cache.lookup(r.prompt, r.adapter) if self.prefix_cache else [] for r in rows]
@@ -166,47 +166,15 @@ class DecodeBatch:
         for row, n in zip(rows, skip):
             row.cached = n
         fresh = [r.prompt[n:] for r, n in zip(rows, skip)]
-        past_width, width = max(skip), max(len(f) for f in fresh)
-        # each row: [pad, cached prefix | pad, fresh tokens]; the mask hides the pads, positions stay the prompt's
-        ids = torch.tensor([[self.pad_token_id] * (width - len(f)) + f for f in fresh], device=self.device)
-        mask = torch.tensor(
-            [[0] * (past_width - n) + [1] * n + [0] * (width - len(f)) + [1] * len(f) for n, f in zip(skip, fresh)],
-            device=self.device,
-        )  # (N, P + W)
-        positions = torch.tensor(
-            [[0] * (width - len(f)) + list(range(n, n + len(f))) for n, f in zip(skip, fresh)], device=self.device
-        )  # (N, W)
-        cache = self._prefix_kv(cached, past_width)
         if self.lora is not None:
             self.lora.select([r.adapter for r in rows])
-        logits = model_forward(self.model, ids, mask, positions, cache)  # (N, V)
+        max_length = max(len(r.prompt) for r in rows) + self.sampling.max_new_tokens
+        logits, fresh_kv = self.cache.prefill(fresh, cached, max_length, self.pad_token_id)  # (N, V)
         if self.prefix_cache is not None:
-            self._store_prefixes(rows, skip, fresh, cache, past_width + width)
-        lengths = [len(r.prompt) for r in rows]
-        self.cache.append(cache, mask, lengths, max(lengths) + self.sampling.max_new_tokens)
+            for i, (row, n) in enumerate(zip(rows, skip)):
+                self.prefix_cache.store(row.prompt, row.adapter, n // BLOCK, fresh_kv(i))
         self.rows += rows
         return self._record(logits, first_new_row=len(self.rows) - len(rows))
-
-    def _prefix_kv(self, cached: list[list[BlockKV]], past_width: int):
-        """A cache holding each row's cached prefix, left-padded to `past_width` (empty without hits)."""
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.model.config)
-        if past_width == 0:
-            return cache
-        some_block = next(blocks for blocks in cached if blocks)[0]
-        for layer, (ref_k, ref_v) in enumerate(some_block):
-            keys = [_row_prefix(blocks, layer, 0, ref_k, past_width) for blocks in cached]  # (heads, P, head_dim)
-            values = [_row_prefix(blocks, layer, 1, ref_v, past_width) for blocks in cached]
-            cache.update(torch.stack(keys), torch.stack(values), layer)  # (N, heads, P, head_dim)
-        return cache
-
-    def _store_prefixes(self, rows: list[Row], skip: list[int], fresh: list[list[int]], cache, length: int) -> None:
-        """Hand each row's newly computed prompt blocks to the prefix cache."""
-        for i, (row, n, tokens) in enumerate(zip(rows, skip, fresh)):
-            start = length - len(tokens)  # the row's first fresh token in the cache's columns
-            kv = [(layer.keys[i, :, start:], layer.values[i, :, start:]) for layer in cache.layers]
-            self.prefix_cache.store(row.prompt, row.adapter, n // BLOCK, kv)
 
     @torch.no_grad()
     def step(self) -> list[Row]:
@@ -276,9 +244,48 @@ class PaddedCache:
         self.mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # (B, L): 1 where a token is cached
         self.positions = torch.zeros(0, dtype=torch.long, device=self.device)  # (B,) position of each next token
 
-    def append(self, cache, mask: torch.Tensor, lengths: list[int], max_length: int) -> None:
-        """Add prefilled rows: the prefill's `cache` and `mask` `(N, C)`, each row holding `lengths[i]` tokens
-        (`max_length`, the room they need, is for caches that preallocate)."""
+    def prefill(self, fresh: list[list[int]], cached: list[list[BlockKV]], max_length: int, pad_token_id: int):
+        """Add rows: row i's cached prefix (`cached[i]`, prefix-cache blocks) and its `fresh` tokens run through the
+        model's own forward pass, left-padded into one batch. Returns the rows' last-token logits `(N, V)` and a
+        function giving row i's fresh keys and values (per layer, `(heads, len(fresh[i]), head_dim)` each).
+        `max_length`, the room the rows need, is for caches that preallocate."""
+        skip = [BLOCK * len(blocks) for blocks in cached]
+        past_width, width = max(skip), max(len(f) for f in fresh)
+        # each row: [pad, cached prefix | pad, fresh tokens]; the mask hides the pads, positions stay the prompt's
+        ids = torch.tensor([[pad_token_id] * (width - len(f)) + f for f in fresh], device=self.device)
+        mask = torch.tensor(
+            [[0] * (past_width - n) + [1] * n + [0] * (width - len(f)) + [1] * len(f) for n, f in zip(skip, fresh)],
+            device=self.device,
+        )  # (N, P + W)
+        positions = torch.tensor(
+            [[0] * (width - len(f)) + list(range(n, n + len(f))) for n, f in zip(skip, fresh)], device=self.device
+        )  # (N, W)
+        cache = self._prefix_kv(cached, past_width)
+        logits = model_forward(self.model, ids, mask, positions, cache)  # (N, V)
+
+        def fresh_kv(i: int) -> BlockKV:
+            start = past_width + width - len(fresh[i])  # the row's first fresh token in the cache's columns
+            return [(layer.keys[i, :, start:], layer.values[i, :, start:]) for layer in cache.layers]
+
+        self._append(cache, mask, [n + len(f) for n, f in zip(skip, fresh)])
+        return logits, fresh_kv
+
+    def _prefix_kv(self, cached: list[list[BlockKV]], past_width: int):
+        """A cache holding each row's cached prefix, left-padded to `past_width` (empty without hits)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        if past_width == 0:
+            return cache
+        some_block = next(blocks for blocks in cached if blocks)[0]
+        for layer, (ref_k, ref_v) in enumerate(some_block):
+            keys = [_row_prefix(blocks, layer, 0, ref_k, past_width) for blocks in cached]  # (heads, P, head_dim)
+            values = [_row_prefix(blocks, layer, 1, ref_v, past_width) for blocks in cached]
+            cache.update(torch.stack(keys), torch.stack(values), layer)  # (N, heads, P, head_dim)
+        return cache
+
+    def _append(self, cache, mask: torch.Tensor, lengths: list[int]) -> None:
+        """Add prefilled rows: the prefill's `cache` and `mask` `(N, C)`, each row holding `lengths[i]` tokens."""
         positions = torch.tensor(lengths, device=self.device)
         if not len(self):
             self.cache, self.mask, self.positions = cache, mask, positions

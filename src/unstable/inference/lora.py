@@ -138,13 +138,16 @@ class LoRASlots:
         shape = (self.row_capacity, 1, slots * rank)
         if self.row_weights is not None and self.row_weights.shape == shape:
             return
-        for layer in self.layers.values():
-            layer.resize(slots, rank)
-        self.scale = _grown(self.scale, (slots,))
-        self.rank = rank
-        if self.layers:
-            self.row_weights = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self._selected = None
+        if (slots, rank) != (len(self.scale), self.rank):
+            for layer in self.layers.values():
+                layer.resize(slots, rank)
+            self.scale = _grown(self.scale, (slots,))
+            self.rank = rank
+            self._selected = None  # every slot's columns moved
+        if self.layers:  # more rows only: the selected rows keep their weights (a prefill reserves after `select`)
+            kept = self.row_weights is not None and self._selected is not None
+            zeros = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            self.row_weights = _grown(self.row_weights, shape) if kept else zeros
         self.version += 1
 
     def _check_saved_base_weights(self, weights: dict[str, torch.Tensor], path) -> None:

@@ -5,14 +5,14 @@ kv_heads, head_dim)`: the row's token at position p sits in column p of its slot
 per row in place; nothing is padded or concatenated (the `PaddedCache` of `decoding.py` copies its whole cache at
 every step). The rows hold slots 0..B-1: a row that leaves hands its slot to the last row.
 
-The decode step is this module's own pass over the model's layers (`decode_forward`, for the Llama-family decoders of
-`SUPPORTED_MODEL_TYPES`; the prefill stays the model's own forward), each layer's query, key and value projections one
-matrix product and its MLP's gate and up projections another (`fuse_projections`). It reads the first `Lb` columns of
-the first `Bb` slots, `Bb` and `Lb` the batch and length buckets at or above the batch's rows and its longest context,
-each row attending to its own columns through a mask. On a GPU the step for each (Bb, Lb) is captured once as a CUDA
-graph and replayed: one launch instead of ~1,600 kernel launches whose CPU time bound the step (experiments/log.md, the
-H100 entry). With `compile` the pass is compiled by `torch.compile` first (fused elementwise kernels: fewer, shorter
-kernels in each graph). On the CPU the same pass runs eagerly on the exact batch.
+The decode step is this module's own pass over the model's layers (`slot_forward`, for the Llama-family decoders of
+`SUPPORTED_MODEL_TYPES`; a prefill is the same pass over a row's prompt tokens, `SlotCache.prefill`), each layer's
+query, key and value projections one matrix product and its MLP's gate and up projections another (`fuse_projections`).
+It reads the first `Lb` columns of the first `Bb` slots, `Bb` and `Lb` the batch and length buckets at or above the
+batch's rows and its longest context, each row attending to its own columns through a mask. On a GPU the step for each
+(Bb, Lb) is captured once as a CUDA graph and replayed: one launch instead of ~1,600 kernel launches whose CPU time
+bound the step (experiments/log.md, the H100 entry). With `compile` the pass is compiled by `torch.compile` first (fused
+elementwise kernels: fewer, shorter kernels in each graph). On the CPU the same pass runs eagerly on the exact batch.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 from unstable.inference.lora import BatchedLoRALinear
+from unstable.inference.prefix_cache import BLOCK, BlockKV
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 FUSED = {"self_attn": ("q_proj", "k_proj", "v_proj"), "mlp": ("gate_proj", "up_proj")}  # one product each
@@ -31,7 +32,7 @@ MIN_BUCKET = 2  # the smallest captured batch: torch.compile specializes a dimen
 
 
 def supports_slot_decoding(model) -> bool:
-    """Whether `decode_forward` computes `model`'s decode step: a Llama-family decoder whose every layer attends to
+    """Whether `slot_forward` computes `model`'s decode step: a Llama-family decoder whose every layer attends to
     the whole context, with rotary embeddings that do not change with the sequence length."""
     config = model.config
     if config.model_type not in SUPPORTED_MODEL_TYPES:
@@ -64,7 +65,7 @@ def length_bucket(columns: int) -> int:
 def fuse_projections(model) -> list[dict[str, tuple[torch.Tensor, torch.Tensor | None]]]:
     """Per decoder layer, the weights (and biases) of its query, key and value projections concatenated into one
     tensor, and of its MLP's gate and up projections into another, the model's own parameters becoming views into
-    them (a weight loaded in place reaches both): `decode_forward` runs 4 matrix products a layer instead of 7 (on
+    them (a weight loaded in place reaches both): `slot_forward` runs 4 matrix products a layer instead of 7 (on
     an H200, 196 small matrix-vector products were most of a batch-1 step's GPU time, experiments/log.md)."""
     return [
         {part: _fused([getattr(getattr(layer, part), name) for name in names]) for part, names in FUSED.items()}
@@ -87,25 +88,30 @@ def _fused(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor |
     return weight, bias
 
 
-def decode_forward(model, fused, tokens, positions, keys, values, length: int) -> torch.Tensor:
-    """Logits `(B, V)` of one decode step: row b's token `tokens[b]` at position `positions[b]` of slot b. Writes each
-    row's key and value into `keys`, `values` (a `(slots, columns, kv_heads, head_dim)` tensor per layer: a whole
-    tensor written in place, which `torch.compile` keeps in place; a slice of one cache tensor it copied whole at
-    every step) at its position and attends over the slot's first `length` columns, those up to its position.
-    `fused` holds each layer's concatenated projections (`fuse_projections`)."""
-    decoder = model.model
-    slots = torch.arange(tokens.shape[0], device=tokens.device)  # (B,)
-    hidden = decoder.embed_tokens(tokens[:, None])  # (B, 1, H)
-    cos, sin = decoder.rotary_emb(hidden, positions[:, None])  # (B, 1, head_dim): broadcast over heads
-    visible = torch.arange(length, device=tokens.device) <= positions[:, None]  # (B, Lb)
+def slot_forward(model, fused, tokens, positions, keys, values, length: int, first: int = 0, last=None) -> torch.Tensor:
+    """Logits `(B, V)` of the rows in slots `first`..`first + B - 1`: row b's tokens `tokens[b]` `(B, T)` at positions
+    `positions[b]` of its slot, the logits those of its token `last[b]` (None: its last; a decode step is T = 1). Writes
+    every token's key and value into `keys`, `values` (a `(slots, columns, kv_heads, head_dim)` tensor per layer: a
+    whole tensor written in place, which `torch.compile` keeps in place; a slice of one cache tensor it copied whole at
+    every step) at its position, and each token attends over its slot's first `length` columns, those up to its
+    position. `fused` holds each layer's concatenated projections (`fuse_projections`)."""
+    decoder, config = model.model, model.config
+    batch, width = tokens.shape
+    slots = (first + torch.arange(batch, device=tokens.device))[:, None].expand(batch, width)  # (B, T)
+    hidden = decoder.embed_tokens(tokens)  # (B, T, H)
+    cos, sin = (t[:, :, None] for t in decoder.rotary_emb(hidden, positions))  # (B, T, 1, head_dim): every head
+    visible = torch.arange(length, device=tokens.device) <= positions[:, :, None]  # (B, T, Lb)
     mask = torch.zeros(visible.shape, dtype=hidden.dtype, device=hidden.device).masked_fill(~visible, -torch.inf)
-    at = (slots, positions)
+    groups = config.num_attention_heads // config.num_key_value_heads
+    mask = mask[:, None, :, None].expand(-1, -1, -1, groups, -1).reshape(batch, 1, width * groups, length)
+    at, rows = (slots, positions), slice(first, first + batch)
     for index, layer in enumerate(decoder.layers):
-        attend = (keys[index], values[index], at, mask[:, None, None], length)
+        attend = (keys[index], values[index], at, mask, rows, length)
         x = _normed(layer.input_layernorm, hidden)
         hidden = hidden + _attention(layer.self_attn, fused[index]["self_attn"], x, cos, sin, *attend)
         hidden = hidden + _mlp(layer.mlp, fused[index]["mlp"], _normed(layer.post_attention_layernorm, hidden))
-    return model.lm_head(_normed(decoder.norm, hidden))[:, 0]  # (B, V)
+    picked = hidden[:, -1:] if last is None else hidden[torch.arange(batch, device=hidden.device), last][:, None]
+    return model.lm_head(_normed(decoder.norm, picked))[:, 0]  # (B, V); a LoRA layer takes (B, T, H)
 
 
 def _projected(x: torch.Tensor, fused, modules: list) -> list[torch.Tensor]:
@@ -123,23 +129,26 @@ def _mlp(mlp, fused, x: torch.Tensor) -> torch.Tensor:
     return mlp.down_proj(mlp.act_fn(gate) * up)
 
 
-def _attention(attn, fused, x, cos, sin, keys, values, at, mask, length: int) -> torch.Tensor:
-    """One layer's self-attention output `(B, 1, H)` for the decode step's `x` `(B, 1, H)`."""
-    batch, head_dim = x.shape[0], attn.head_dim
+def _attention(attn, fused, x, cos, sin, keys, values, at, mask, rows: slice, length: int) -> torch.Tensor:
+    """One layer's self-attention output `(B, T, H)` for `x` `(B, T, H)` of the slots `rows`."""
+    batch, width, head_dim = x.shape[0], x.shape[1], attn.head_dim
     q, k, v = _projected(x, fused, [attn.q_proj, attn.k_proj, attn.v_proj])
-    q = q.view(batch, -1, head_dim)  # (B, Hq, D)
-    k = k.view(batch, -1, head_dim)  # (B, Hkv, D)
-    v = v.view(batch, -1, head_dim)
+    q = q.view(batch, width, -1, head_dim)  # (B, T, Hq, D)
+    k = k.view(batch, width, -1, head_dim)  # (B, T, Hkv, D)
+    v = v.view(batch, width, -1, head_dim)
     if hasattr(attn, "q_norm"):  # Qwen3 normalises each head's query and key
         q, k = _normed(attn.q_norm, q), _normed(attn.k_norm, k)
     q, k = _rotated(q, cos, sin), _rotated(k, cos, sin)
-    keys.index_put_(at, k)  # column `position` of each row's slot
+    keys.index_put_(at, k)  # column `position` of each token's slot
     values.index_put_(at, v)
-    kv_heads = k.shape[1]
-    grouped = q.reshape(batch, kv_heads, -1, head_dim)  # (B, Hkv, G, D): query head h reads key head h // G
-    context = keys[:batch, :length].transpose(1, 2), values[:batch, :length].transpose(1, 2)  # (B, Hkv, Lb, D)
-    out = F.scaled_dot_product_attention(grouped, *context, attn_mask=mask, scale=attn.scaling)  # (B, Hkv, G, D)
-    return attn.o_proj(out.reshape(batch, 1, -1))
+    kv_heads = k.shape[2]
+    groups = q.shape[2] // kv_heads
+    # (B, Hkv, T * G, D): query head h reads key head h // G, as transformers' repeat_kv
+    grouped = q.view(batch, width, kv_heads, groups, head_dim).transpose(1, 2).reshape(batch, kv_heads, -1, head_dim)
+    context = keys[rows, :length].transpose(1, 2), values[rows, :length].transpose(1, 2)  # (B, Hkv, Lb, D)
+    out = F.scaled_dot_product_attention(grouped, *context, attn_mask=mask, scale=attn.scaling)  # (B, Hkv, T * G, D)
+    out = out.view(batch, kv_heads, width, groups, head_dim).transpose(1, 2).reshape(batch, width, -1)
+    return attn.o_proj(out)  # (B, T, H)
 
 
 def _normed(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -172,7 +181,7 @@ class SlotCache:
         self.lora = lora
         self.graphs = graphs
         self.compiled = compile
-        self.forward = torch.compile(decode_forward, dynamic=True) if compile else decode_forward
+        self.forward = torch.compile(slot_forward, dynamic=True) if compile else slot_forward
         config = model.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.row_shape = (config.num_key_value_heads, head_dim)
@@ -196,19 +205,43 @@ class SlotCache:
         """Hold no row (the slots' tensors and captured graphs stay for the next rows)."""
         self.positions = []
 
-    def append(self, cache, mask: torch.Tensor, lengths: list[int], max_length: int) -> None:
-        """Give each prefilled row a slot: row i of the prefill's `cache` (a DynamicCache, `(N, heads, C, head_dim)`
-        per layer) holds its tokens in the columns where `mask` `(N, C)` is 1, `lengths[i]` of them; the slots get
-        room for `max_length` columns."""
-        first = len(self.positions)
-        self._reserve(first + len(lengths), max_length)
-        rows, columns = mask.nonzero(as_tuple=True)  # every cached token of every new row
-        at = (rows + first, (mask.cumsum(1) - 1)[rows, columns])  # its slot and position
-        for layer, prefilled in enumerate(cache.layers):
-            self.keys[layer][at] = prefilled.keys[rows, :, columns]  # (tokens, heads, head_dim)
-            self.values[layer][at] = prefilled.values[rows, :, columns]
-        self.position_buffer[first : first + len(lengths)] = torch.tensor(lengths, device=self.device)
+    def prefill(self, fresh: list[list[int]], cached: list[list[BlockKV]], max_length: int, pad_token_id: int):
+        """Give each new row a slot with room for `max_length` columns, holding its cached prefix (`cached[i]`,
+        prefix-cache blocks), and run every row's `fresh` tokens through `slot_forward` at once (right-padded: a pad
+        token writes past its row's end, where the row's decode steps write before they read). Returns the rows'
+        last-token logits `(N, V)` and a function giving row i's fresh keys and values (per layer, `(heads,
+        len(fresh[i]), head_dim)` each)."""
+        first, count = len(self.positions), len(fresh)
+        skip = [BLOCK * len(blocks) for blocks in cached]
+        width = max(len(f) for f in fresh)
+        end = max(skip) + width  # the columns the pass writes
+        self._reserve(first + count, max(max_length, end))
+        self._copy_prefixes(first, cached)
+        tokens = torch.tensor([f + [pad_token_id] * (width - len(f)) for f in fresh], device=self.device)  # (N, W)
+        positions = torch.tensor([list(range(n, n + width)) for n in skip], device=self.device)  # (N, W)
+        last = torch.tensor([len(f) - 1 for f in fresh], device=self.device)  # (N,)
+        with sdpa_kernel(self.attention):
+            logits = slot_forward(self.model, self.fused, tokens, positions, self.keys, self.values, end, first, last)
+        lengths = [n + len(f) for n, f in zip(skip, fresh)]
+        self.position_buffer[first : first + count] = torch.tensor(lengths, device=self.device)
         self.positions += lengths
+
+        def fresh_kv(i: int) -> BlockKV:
+            slot, columns = first + i, slice(skip[i], lengths[i])
+            return [(k[slot, columns].transpose(0, 1), v[slot, columns].transpose(0, 1)) for k, v in self._layers()]
+
+        return logits, fresh_kv
+
+    def _copy_prefixes(self, first: int, cached: list[list[BlockKV]]) -> None:
+        """Write each new row's cached prefix blocks into the first columns of its slot."""
+        for i, blocks in enumerate(cached):
+            for layer, (keys, values) in enumerate(self._layers()) if blocks else ():
+                columns = slice(0, BLOCK * len(blocks))
+                keys[first + i, columns] = torch.cat([block[layer][0] for block in blocks], dim=1).transpose(0, 1)
+                values[first + i, columns] = torch.cat([block[layer][1] for block in blocks], dim=1).transpose(0, 1)
+
+    def _layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return list(zip(self.keys, self.values))
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits `(B, V)` of one decode step of every row, `tokens` `(B,)` their last sampled tokens."""
@@ -219,7 +252,12 @@ class SlotCache:
             logits = self._replay(tokens, batch, length)
         else:
             with sdpa_kernel(self.attention):
-                args = (*self._rows(tokens, self.position_buffer[:batch]), self.keys, self.values, length)
+                args = (
+                    *self._rows(tokens[:, None], self.position_buffer[:batch, None]),
+                    self.keys,
+                    self.values,
+                    length,
+                )
                 logits = self.forward(self.model, self.fused, *args)
         self.position_buffer[:batch] += 1
         self.positions = [p + 1 for p in self.positions]
@@ -315,7 +353,7 @@ class SlotCache:
         """The step of `bucket` rows over `length` columns as a CUDA graph (captured after two warm-up runs on a side
         stream, which compile it if it is compiled and write the same keys and values the replay then writes); on
         the CPU the same step, run eagerly at each replay."""
-        rows = self._rows(self.token_buffer[:bucket], self.position_buffer[:bucket])
+        rows = self._rows(self.token_buffer[:bucket, None], self.position_buffer[:bucket, None])
         args = (*rows, self.keys, self.values, length)
 
         def step():
