@@ -332,3 +332,21 @@ def test_a_learner_built_from_the_seed_keywords_scores_steps_at_their_sampling_t
     learner.initialize()
     metrics = learner.train_step(steps)
     assert metrics[keys.RATIO_MEAN] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_the_served_adapter_is_peft_s_saved_state_copied(tiny_model_dir):
+    """`served_weights` of a LoRA policy finds the adapter's parameters once and copies them under the names PEFT
+    saves: the same names and values as PEFT's state dict after each change, never the live parameters."""
+    from peft import get_peft_model_state_dict
+
+    policy = PolicyModel(tiny_model_dir, PolicyConfig(lora=LoraConfig(lora_rank=4)))
+    policy.load()
+    for _ in range(2):
+        with torch.no_grad():
+            for parameter in policy.trainable_parameters():
+                parameter.add_(0.01)
+        _, served = policy.served_weights()
+        saved = get_peft_model_state_dict(policy.model)
+        assert list(served) == list(saved) and len(served) > 0
+        for name, tensor in saved.items():
+            assert torch.equal(served[name], tensor) and served[name].data_ptr() != tensor.data_ptr()
