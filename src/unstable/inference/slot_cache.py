@@ -228,20 +228,23 @@ class SlotCache:
 
         def fresh_kv(i: int) -> BlockKV:
             slot, columns = first + i, slice(skip[i], lengths[i])
-            return [(k[slot, columns].transpose(0, 1), v[slot, columns].transpose(0, 1)) for k, v in self._layers()]
+            return [(k[slot, columns].transpose(0, 1), v[slot, columns].transpose(0, 1)) for k, v in self._kv()]
 
         return logits, fresh_kv
 
     def _copy_prefixes(self, first: int, cached: list[list[BlockKV]]) -> None:
         """Write each new row's cached prefix blocks into the first columns of its slot."""
         for i, blocks in enumerate(cached):
-            for layer, (keys, values) in enumerate(self._layers()) if blocks else ():
-                columns = slice(0, BLOCK * len(blocks))
+            if not blocks:
+                continue
+            columns = slice(0, BLOCK * len(blocks))
+            for layer, (keys, values) in enumerate(self._kv()):
                 keys[first + i, columns] = torch.cat([block[layer][0] for block in blocks], dim=1).transpose(0, 1)
                 values[first + i, columns] = torch.cat([block[layer][1] for block in blocks], dim=1).transpose(0, 1)
 
-    def _layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return list(zip(self.keys, self.values))
+    def _kv(self):
+        """Each layer's (keys, values) slot tensors."""
+        return zip(self.keys, self.values)
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits `(B, V)` of one decode step of every row, `tokens` `(B,)` their last sampled tokens."""
