@@ -145,9 +145,10 @@ class LoRASlots:
             self.rank = rank
             self._selected = None  # every slot's columns moved
         if self.layers:  # more rows only: the selected rows keep their weights (a prefill reserves after `select`)
-            kept = self.row_weights is not None and self._selected is not None
-            zeros = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            self.row_weights = _grown(self.row_weights, shape) if kept else zeros
+            if self.row_weights is not None and self._selected is not None:
+                self.row_weights = _grown(self.row_weights, shape)
+            else:
+                self.row_weights = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.version += 1
 
     def _check_saved_base_weights(self, weights: dict[str, torch.Tensor], path) -> None:
