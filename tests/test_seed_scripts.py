@@ -116,9 +116,17 @@ print({LADDER_MARK!r} + json.dumps(ray.get(model_pool.metrics.remote())[{keys.PO
 
 
 # the API opponent answers this many requests, then is down: two evaluation games at a time, each of one or two
-# requests, so one of them ends while it is up; the training games can outlast only a few more (with 8 here, 2 of 3
-# runs on a loaded machine made 6 requests in all and never met the endpoint down)
+# requests, so one of them ends while it is up
 UP_FOR = 3
+# inserted before training: the learner starts once the evaluation games have met the endpoint down (the number of
+# requests the API model answered is in a file), so training cannot end first (a fresh clone's run made only 3)
+WAIT_FOR_DOWN = """
+import pathlib, time
+deadline = time.time() + 300
+while int(pathlib.Path({seen!r}).read_text()) <= {up_for}:
+    assert time.time() < deadline, "no evaluation game met the API endpoint down"
+    time.sleep(0.2)
+"""
 
 
 @pytest.mark.long  # a minute or more of runs: scheduled first
@@ -127,11 +135,16 @@ def test_seed_002_training_script_with_an_api_evaluation_opponent_that_goes_down
     requests and then is down (HTTP 500 on every retry): the games played while it was up are rated, those after
     fail (which `tests/test_api_opponent.py` checks game by game), and training still finishes.
 
-    The seed's script exits once training ends; here it then waits for the games still in flight (the collector
+    Training starts once the evaluation games have met the endpoint down (`WAIT_FOR_DOWN`). The seed's script exits
+    once training ends; here it then waits for the games still in flight (the collector
     starts no new ones after training) and prints the pool's ladder, so a rated evaluation game does not depend on
     finishing before the learner's last step."""
 
+    seen = tmp_path / "requests-seen"
+    seen.write_text("0")
+
     def up_then_down(number: int, headers: dict, body: dict):
+        seen.write_text(str(number))
         return _api_model_reply(number, headers, body) if number <= UP_FOR else (500, {"error": {"message": "down"}})
 
     with serve(up_then_down) as chat:
@@ -151,7 +164,10 @@ def test_seed_002_training_script_with_an_api_evaluation_opponent_that_goes_down
                     "collector.collect.remote(num_workers=384, num_eval_workers=16)",
                     "games = collector.collect.remote(num_workers=8, num_eval_workers=2)",
                 ),
-                ("ray.get(learner.train.remote(200)) # total update steps", "ray.get(learner.train.remote(2))" + WAIT),
+                (
+                    "ray.get(learner.train.remote(200)) # total update steps",
+                    WAIT_FOR_DOWN.format(seen=str(seen), up_for=UP_FOR) + "ray.get(learner.train.remote(2))" + WAIT,
+                ),
             ],
             tmp_path,
             env,
