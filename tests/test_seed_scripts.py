@@ -123,7 +123,7 @@ UP_FOR = 3
 WAIT_FOR_DOWN = """
 import pathlib, time
 deadline = time.time() + 300
-while int(pathlib.Path({seen!r}).read_text()) <= {up_for}:
+while int(pathlib.Path({seen!r}).read_text() or 0) <= {up_for}:  # empty while the server rewrites it
     assert time.time() < deadline, "no evaluation game met the API endpoint down"
     time.sleep(0.2)
 """
@@ -136,9 +136,9 @@ def test_seed_002_training_script_with_an_api_evaluation_opponent_that_goes_down
     fail (which `tests/test_api_opponent.py` checks game by game), and training still finishes.
 
     Training starts once the evaluation games have met the endpoint down (`WAIT_FOR_DOWN`). The seed's script exits
-    once training ends; here it then waits for the games still in flight (the collector
-    starts no new ones after training) and prints the pool's ladder, so a rated evaluation game does not depend on
-    finishing before the learner's last step."""
+    once training ends; here it then waits for the games still in flight (the collector starts no new ones after
+    training) and prints the pool's ladder, so a rated evaluation game does not depend on finishing before the
+    learner's last step."""
 
     seen = tmp_path / "requests-seen"
     seen.write_text("0")
