@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from unstable import atomic
 from unstable.games.moves import legal_moves
 from unstable.tracking import keys
 
@@ -123,7 +124,7 @@ UP_FOR = 3
 WAIT_FOR_DOWN = """
 import pathlib, time
 deadline = time.time() + 300
-while int(pathlib.Path({seen!r}).read_text() or 0) <= {up_for}:  # empty while the server rewrites it
+while int(pathlib.Path({seen!r}).read_text()) <= {up_for}:
     assert time.time() < deadline, "no evaluation game met the API endpoint down"
     time.sleep(0.2)
 """
@@ -140,11 +141,11 @@ def test_seed_002_training_script_with_an_api_evaluation_opponent_that_goes_down
     training) and prints the pool's ladder, so a rated evaluation game does not depend on finishing before the
     learner's last step."""
 
-    seen = tmp_path / "requests-seen"
-    seen.write_text("0")
+    seen = tmp_path / "requests-seen"  # replaced whole at each request, so the script never reads it half-written
+    atomic.write_text(seen, "0")
 
     def up_then_down(number: int, headers: dict, body: dict):
-        seen.write_text(str(number))
+        atomic.write_text(seen, str(number))
         return _api_model_reply(number, headers, body) if number <= UP_FOR else (500, {"error": {"message": "down"}})
 
     with serve(up_then_down) as chat:
