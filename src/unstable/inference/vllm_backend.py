@@ -1,15 +1,17 @@
-"""The vLLM backend: one `AsyncLLM` engine continuously batching every game's requests, LoRA adapters per request.
+"""The vLLM backend: one `LLMEngine` continuously batching every game's requests, LoRA adapters per request.
 
-The engine runs on its own asyncio loop in a background thread; `submit` hands one request straight to it and
-returns a `concurrent.futures.Future`, so game threads never wait for a batch to fill. (`AsyncLLM` always runs
-the engine core in a child process, so scripts that build this backend need an `if __name__ == "__main__":`
-guard.) Each request naming a LoRA checkpoint carries a `LoRARequest(uid, id, path)`; vLLM loads the adapter from
-the path on first use and keeps up to `max_loras` resident. A request holds its adapter's id until it finishes, so
-a game that started on an older checkpoint keeps its adapter while newer games use the new one; with
-`max_loras >= staleness + 1` (the checkpoints in play at once) no adapter is evicted and reloaded in a loop. The
-engine's `max_lora_rank` is the smallest size vLLM allows that holds the rank it is told. A full checkpoint runs
-on the base weights, which `load_weights` replaces in place while no request runs (the `InferenceServer` waits
-for that).
+The engine belongs to one background thread, which adds the requests handed to it, steps the engine while any run
+and does every other engine call between steps; `submit` queues one request and returns a
+`concurrent.futures.Future`, so game threads never wait for a batch to fill. vLLM runs the engine core where
+`VLLM_ENABLE_V1_MULTIPROCESSING` says: in a child process of its own (vLLM's default, which overlaps scheduling
+with the GPU; scripts that build this backend then need an `if __name__ == "__main__":` guard), or with `0` (set on
+CPU machines) in this thread, which saves a process and its second import of vLLM. Each request naming a LoRA
+checkpoint carries a `LoRARequest(uid, id, path)`; vLLM loads the adapter from the path on first use and keeps up to
+`max_loras` resident. A request holds its adapter's id until it finishes, so a game that started on an older
+checkpoint keeps its adapter while newer games use the new one; with `max_loras >= staleness + 1` (the checkpoints
+in play at once) no adapter is evicted and reloaded in a loop. The engine's `max_lora_rank` is the smallest size
+vLLM allows that holds the rank it is told. A full checkpoint runs on the base weights, which `load_weights`
+replaces in place while no request runs (the `InferenceServer` waits for that; requests sent meanwhile wait).
 
 Log-probs come from vLLM's sampler after temperature scaling and top-p truncation
 (`logprobs_mode="processed_logprobs"`): each token's log-probability under the renormalised distribution it was
@@ -20,14 +22,18 @@ base-model requests batched with LoRA requests are wrong, and so is a tied outpu
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
+import functools
 import importlib.util
 import itertools
 import os
+import queue
 import threading
 import typing
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 
 from unstable.inference.base import (
@@ -48,14 +54,15 @@ VLLM_MISSING = (
 if importlib.util.find_spec("vllm") is None:
     raise ImportError(VLLM_MISSING)
 
+import torch  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 from vllm.config.lora import MaxLoRARanks  # noqa: E402
-from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
+from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.inputs import tokens_input  # noqa: E402
 from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.platforms import current_platform  # noqa: E402
 from vllm.sampling_params import RequestOutputKind  # noqa: E402
-from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
+from vllm.v1.engine.llm_engine import LLMEngine  # noqa: E402
 
 # "processed" log-probs are taken after temperature scaling (and top-p truncation): the sampling distribution.
 LOGPROBS_MODE = "processed_logprobs"
@@ -65,10 +72,21 @@ UNDECLARED_LORA_RANK = (
 )
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")  # what vLLM's default loader reads from a model directory
 CPU_KV_CACHE_GIB = 1  # an engine's KV cache on the CPU when VLLM_CPU_KVCACHE_SPACE is unset
+STOP = None  # queued by `close`: the engine thread ends
+
+
+@dataclass
+class _Running:
+    """A request in the engine: whom to answer, its prompt's tokens and the LoRA id it holds (None: base)."""
+
+    future: Future
+    prompt_ids: list[int]
+    lora_id: int | None
 
 
 class VLLMBackend(InferenceBackend):
-    """Serves a model with vLLM's async engine; LoRA checkpoints are hot-swapped by uid on each request."""
+    """Serves a model with vLLM's engine on a thread of its own; LoRA checkpoints are hot-swapped by uid on each
+    request."""
 
     def __init__(
         self,
@@ -85,7 +103,7 @@ class VLLMBackend(InferenceBackend):
         **engine_kwargs,
     ):
         """Start the engine, able to serve adapters up to `lora_rank` (None: 64). `enforce_eager` defaults to True
-        on CPU; `engine_kwargs` go to `AsyncEngineArgs` (and win over the settings made here)."""
+        on CPU; `engine_kwargs` go to `EngineArgs` (and win over the settings made here)."""
         from transformers import AutoTokenizer
 
         self.sampling = sampling
@@ -96,7 +114,7 @@ class VLLMBackend(InferenceBackend):
         if on_cpu:  # the KV cache sized outright: vLLM no longer reserves half of node 0's memory, free or not
             engine_kwargs = {"kv_cache_memory_bytes": cpu_kv_cache_bytes()} | engine_kwargs
             _check_fits(engine_kwargs["kv_cache_memory_bytes"])
-        args = AsyncEngineArgs(
+        args = EngineArgs(
             **{
                 "model": model_path,
                 "dtype": dtype,
@@ -112,23 +130,25 @@ class VLLMBackend(InferenceBackend):
                 **engine_kwargs,
             }
         )
-        self._request_ids = itertools.count()
-        self._running = 0  # requests being served (counted on the event loop, so without a lock)
-        self._weights_ready = asyncio.Event()  # cleared while `load_weights` runs: new requests wait
-        self._weights_ready.set()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
+        self._request_ids = (str(number) for number in itertools.count())
+        self._running: dict[str, _Running] = {}  # by request id; the engine thread's alone
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()  # (function, its future) for the engine thread
+        # vLLM's CPU worker replaces torch.set_num_threads for good in the process it runs in (this one, when the
+        # engine core runs in this thread); `close` gives it back
+        self._set_num_threads = torch.set_num_threads
+        self._thread = threading.Thread(target=self._serve, name="vllm-engine", daemon=True)
         self._thread.start()
         try:
-            self.engine = self._run(self._start_engine(args))
+            self.engine = self._call(lambda: LLMEngine.from_engine_args(args))
         except BaseException:
-            self._stop_loop()
+            self._stop_thread()
             raise
-        self._lora_lock = asyncio.Lock()
 
     def submit(self, request: GenerationRequest) -> Future:
-        """Send one request to the engine now; the future resolves to its `GenerationResult`."""
-        return asyncio.run_coroutine_threadsafe(self._generate(request), self._loop)
+        """Queue one request for the engine; the future resolves to its `GenerationResult`."""
+        future: Future = Future()
+        self._calls.put((lambda: self._add(request, future), None))
+        return future
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Submit every request and wait for all of them (the engine batches them with whatever else runs)."""
@@ -138,36 +158,84 @@ class VLLMBackend(InferenceBackend):
     def load_adapter(self, checkpoint: Checkpoint) -> None:
         """Give `checkpoint.uid` an id and load its adapter into the engine ahead of the first request."""
         if checkpoint.is_adapter:
-            self._run(self._add_adapter(checkpoint))
+            self._call(lambda: self._add_adapter(checkpoint))
 
     def unload_adapter(self, uid: str) -> None:
         """Forget `uid`; its adapter leaves the engine now, or when its id is reused if requests still run on it."""
-        self._run(self._remove_adapter(uid))
+        self._call(lambda: self._remove_adapter(uid))
 
     def load_weights(self, path: str) -> None:
         """Reload the base weights in place from a `save_pretrained` directory (full fine-tuning), while no
-        request runs, then reset the prefix cache so no prompt reuses keys and values of the old weights.
+        request runs, then reset the prefix cache so no prompt reuses keys and values of the old weights. Requests
+        submitted meanwhile start after it.
 
         Raises RuntimeError when requests run or `path` holds no weights (the old weights stay), when vLLM's
-        reload fails (its engine core dies with it) and when the prefix cache does not reset.
+        reload fails (an engine core in its own process dies with it) and when the prefix cache does not reset.
         """
         if not any(any(Path(path).glob(pattern)) for pattern in WEIGHT_FILES):
             raise RuntimeError(f"full checkpoint {path!r} holds no weights ({', '.join(WEIGHT_FILES)})")
-        self._run(self._reload_weights(path))
+        self._call(lambda: self._reload_weights(path))
 
     def close(self) -> None:
-        """Shut the engine (and its core process) down and stop the event loop thread."""
-        self._run(self._shutdown_engine())
-        self._stop_loop()
+        """Shut the engine (and its core process, if it has one) down and end the engine thread."""
+        self._call(lambda: self.engine.engine_core.shutdown())
+        self._stop_thread()
+        torch.set_num_threads = self._set_num_threads
         del self.engine  # now, not at interpreter exit, where vLLM's `__del__` would fail noisily
 
-    def _run(self, coroutine):
-        """Run a coroutine on the engine loop and wait for its result."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+    def _call(self, function: Callable):
+        """Run `function` on the engine thread between two steps and return its result (or raise its error)."""
+        future: Future = Future()
+        self._calls.put((function, future))
+        return future.result()
 
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
+    def _stop_thread(self) -> None:
+        self._calls.put((STOP, None))
         self._thread.join()
+
+    def _serve(self) -> None:
+        """The engine thread: the calls queued first, then one engine step while requests run, until `close`."""
+        while True:
+            try:
+                function, future = self._calls.get(block=not self._running)  # idle: wait for work
+            except queue.Empty:  # requests run and no call waits
+                self._step()
+                continue
+            if function is STOP:
+                return
+            _settle(future, function)
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            self._fail_running(exc)
+            return
+        for output in outputs:
+            running = self._running.pop(output.request_id, None) if output.finished else None
+            if running is not None:
+                _settle(running.future, functools.partial(self._result, running, output))
+
+    def _fail_running(self, error: Exception) -> None:
+        """Every running request gets `error` and leaves the engine (a dead engine raises again on the next)."""
+        with contextlib.suppress(Exception):  # a dead engine cannot abort them
+            self.engine.abort_request(list(self._running))
+        for running in self._running.values():
+            if running.lora_id is not None:
+                self.adapter_ids.release(running.lora_id)
+            running.future.set_exception(error)
+        self._running.clear()
+
+    def _result(self, running: _Running, output) -> GenerationResult:
+        if running.lora_id is not None:
+            self.adapter_ids.release(running.lora_id)
+        completion = output.outputs[0]
+        tokens = list(completion.token_ids)
+        logprobs = [position[token].logprob for token, position in zip(tokens, completion.logprobs)]
+        cached = output.num_cached_tokens or 0  # vLLM's automatic prefix caching
+        return decoded_result(
+            self.tokenizer, running.prompt_ids, tokens, logprobs, completion.finish_reason, self.sampling, cached
+        )
 
     def _sampling_params(self, seed: int | None = None) -> SamplingParams:
         greedy = self.sampling.temperature == 0
@@ -181,87 +249,80 @@ class VLLMBackend(InferenceBackend):
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
 
-    async def _start_engine(self, args: AsyncEngineArgs) -> AsyncLLM:
-        return AsyncLLM.from_engine_args(args)  # built on the loop, so its output handler runs there
-
-    async def _shutdown_engine(self) -> None:
-        self.engine.shutdown()
-
-    async def _generate(self, request: GenerationRequest) -> GenerationResult:
-        await self._weights_ready.wait()
-        self._running += 1
+    def _add(self, request: GenerationRequest, future: Future) -> None:
+        """Hand `request` to the engine (on the engine thread, which also owns the tokenizer); `future` gets the
+        result, or the error that kept it out."""
         try:
-            return await self._complete(request)
-        finally:
-            self._running -= 1
+            prompt_ids = self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
+            if not prompt_fits(prompt_ids, self.max_model_len, self.sampling):
+                future.set_result(prompt_too_long(prompt_ids))
+                return
+            lora = self._lora_request(request.checkpoint)
+            request_id = next(self._request_ids)
+            running = _Running(future, prompt_ids, lora.lora_int_id if lora else None)
+            try:
+                params = self._sampling_params(request.seed)
+                self.engine.add_request(request_id, tokens_input(prompt_ids), params, lora_request=lora)
+            except BaseException:
+                if lora is not None:
+                    self.adapter_ids.release(lora.lora_int_id)
+                raise
+            self._running[request_id] = running
+        except Exception as exc:
+            future.set_exception(exc)
 
-    async def _complete(self, request: GenerationRequest) -> GenerationResult:
-        prompt_ids = self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"]  # on the loop: one thread
-        if not prompt_fits(prompt_ids, self.max_model_len, self.sampling):
-            return prompt_too_long(prompt_ids)
-        lora = await self._lora_request(request.checkpoint)
-        try:
-            params, request_id = self._sampling_params(request.seed), str(next(self._request_ids))
-            async for output in self.engine.generate(tokens_input(prompt_ids), params, request_id, lora_request=lora):
-                completion = output.outputs[0]
-        finally:
-            if lora is not None:
-                self.adapter_ids.release(lora.lora_int_id)
-        tokens = list(completion.token_ids)
-        logprobs = [position[token].logprob for token, position in zip(tokens, completion.logprobs)]
-        cached = output.num_cached_tokens or 0  # vLLM's automatic prefix caching
-        return decoded_result(
-            self.tokenizer, prompt_ids, tokens, logprobs, completion.finish_reason, self.sampling, cached
-        )
-
-    async def _lora_request(self, checkpoint: Checkpoint | None) -> LoRARequest | None:
+    def _lora_request(self, checkpoint: Checkpoint | None) -> LoRARequest | None:
         """The held `LoRARequest` naming `checkpoint` (None when it runs on the base weights: the base model, or a
-        full checkpoint, which `load_weights` put there)."""
+        full checkpoint, which `load_weights` put there). An id being reused is cleared from the engine first."""
         if checkpoint is None or not checkpoint.is_adapter:
             return None
-        async with self._lora_lock:  # an id being reused is cleared from the engine before anyone uses it
-            lora_id, reused = self.adapter_ids.acquire(checkpoint.uid)
-            if reused:
-                await self.engine.remove_lora(lora_id)
+        lora_id, reused = self.adapter_ids.acquire(checkpoint.uid)
+        if reused:
+            self.engine.remove_lora(lora_id)
         return LoRARequest(checkpoint.uid, lora_id, checkpoint.path)
 
-    async def _add_adapter(self, checkpoint: Checkpoint) -> None:
-        lora = await self._lora_request(checkpoint)
+    def _add_adapter(self, checkpoint: Checkpoint) -> None:
+        lora = self._lora_request(checkpoint)
         try:
-            await self.engine.add_lora(lora)
+            self.engine.add_lora(lora)
         finally:
             self.adapter_ids.release(lora.lora_int_id)
 
-    async def _remove_adapter(self, uid: str) -> None:
-        async with self._lora_lock:
-            lora_id, idle = self.adapter_ids.drop(uid)
-            if idle:
-                await self.engine.remove_lora(lora_id)
+    def _remove_adapter(self, uid: str) -> None:
+        lora_id, idle = self.adapter_ids.drop(uid)
+        if idle:
+            self.engine.remove_lora(lora_id)
 
-    async def _reload_weights(self, path: str) -> None:
+    def _reload_weights(self, path: str) -> None:
         if self._running:
             raise RuntimeError(
-                f"load_weights({path!r}) while {self._running} requests run: they would finish on other weights "
-                "than they started on; wait for them first (the InferenceServer does)"
+                f"load_weights({path!r}) while {len(self._running)} requests run: they would finish on other "
+                "weights than they started on; wait for them first (the InferenceServer does)"
             )
-        self._weights_ready.clear()  # no await since the check above: no request has started in between
         try:
-            await self._reload_in_place(path)
-        finally:
-            self._weights_ready.set()
-
-    async def _reload_in_place(self, path: str) -> None:
-        try:
-            await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
+            self.engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
             if self._on_cpu:
-                await self.engine.collective_rpc("repack_tied_lm_head")
+                self.engine.collective_rpc("repack_tied_lm_head")
         except Exception as exc:
             raise RuntimeError(f"vLLM failed to reload the weights from {path!r}: {exc}") from exc
-        if not await self.engine.reset_prefix_cache():
+        if not self.engine.reset_prefix_cache():
             raise RuntimeError(
                 f"vLLM did not reset its prefix cache after loading {path!r}: prompts would reuse keys and values "
                 "computed with the old weights"
             )
+
+
+def _settle(future: Future | None, function: Callable) -> None:
+    """Run `function`; its result or error goes to `future` (None: `function` answers for itself)."""
+    try:
+        result = function()
+    except BaseException as exc:
+        if future is None:
+            raise
+        future.set_exception(exc)
+    else:
+        if future is not None:
+            future.set_result(result)
 
 
 def cpu_kv_cache_bytes() -> int:
