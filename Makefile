@@ -18,11 +18,10 @@ export VLLM_ENABLE_V1_MULTIPROCESSING := 0
 # some machines set PYTHONDONTWRITEBYTECODE: every process then compiled the package's and the tests' modules again
 export PYTHONDONTWRITEBYTECODE :=
 
-# pytest-xdist workers for `make test`: on a 2-core machine a third fills the cores while the others' runs wait (process
-# starts, kills, timeouts: 6% idle with two; 535 s against 560-570 s, the same CPU) without running out of memory;
-# `make test TEST_WORKERS=0` runs the tests one at a time. Each worker is handed one test at a time, the longest first
-# (tests/conftest.py), so all end together.
-TEST_WORKERS ?= 3
+# pytest-xdist workers for `make test`: two share a 2-core machine's waits (process starts, model loads) without
+# running out of memory; `make test TEST_WORKERS=0` runs the tests one at a time. Each worker is handed one test at a
+# time, the longest first (tests/conftest.py), so both end together.
+TEST_WORKERS ?= 2
 
 .PHONY: demo test check install lint clean
 

@@ -100,8 +100,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     meaning: runs a model or Ray), and every `long` one; the tests that run Ray or a command carry the mark
     themselves. Then the `long` tests go first, the other slow ones next, each file's in its order, the short ones
     last: `make test` hands pytest-xdist's workers one test at a time (`--maxschedchunk 1`), so the runs of minutes
-    start early, spread over the workers, and the many short tests fill the end, where a worker would otherwise wait
-    for another's last long run."""
+    start early, spread over both workers, and the many short tests fill the end, where a worker would otherwise wait
+    for the other's last long run."""
     for item in items:
         if "tiny_model_dir" in getattr(item, "fixturenames", ()) or item.get_closest_marker("long"):
             item.add_marker(pytest.mark.slow)
