@@ -180,7 +180,6 @@ class VLLMBackend(InferenceBackend):
         """Shut the engine (and its core process, if it has one) down and end the engine thread."""
         self._call(lambda: self.engine.engine_core.shutdown())
         self._stop_thread()
-        torch.set_num_threads = self._set_num_threads
         del self.engine  # now, not at interpreter exit, where vLLM's `__del__` would fail noisily
 
     def _call(self, function: Callable):
@@ -190,8 +189,10 @@ class VLLMBackend(InferenceBackend):
         return future.result()
 
     def _stop_thread(self) -> None:
+        """End the engine thread and give torch.set_num_threads back (an engine that failed to start included)."""
         self._calls.put((STOP, None))
         self._thread.join()
+        torch.set_num_threads = self._set_num_threads
 
     def _serve(self) -> None:
         """The engine thread: the calls queued first, then one engine step while requests run, until `close`."""
