@@ -347,6 +347,26 @@ def test_a_full_checkpoint_through_the_server_is_loaded_after_running_requests_a
     assert stale.completion_token_ids == after.completion_token_ids
 
 
+def test_full_weights_handed_over_in_memory_are_served_and_adapters_still_come_from_their_folder(
+    engine, tiny_model_dir, tmp_path
+):
+    """The learner's full weights reach vLLM as tensors (`reload_weights` from an iterator), with no checkpoint folder
+    written; vLLM loads an adapter only from a folder, so the server takes none in memory."""
+    model = _full_checkpoint(tiny_model_dir, tmp_path / "elsewhere")
+    full = Checkpoint("full-1", str(tmp_path / "not-written"), 1, kind="full")
+    server = InferenceServer(lambda: engine, InferenceConfig(max_loras=2))
+    server.start()
+    try:
+        assert server.offer(full, (None, model.state_dict()))  # served from memory
+        assert not server.offer(Checkpoint("lora-1", str(tmp_path / "adapter"), 1), ({}, {}))  # from its folder
+        with sampling(engine, temperature=0.0):
+            after = server.generate(GenerationRequest(LONG_PROMPT, full))
+    finally:
+        engine.load_weights(tiny_model_dir)  # the module's engine serves the base model again
+    assert not (tmp_path / "not-written").exists() and after.served_by == full
+    assert after.logprobs == pytest.approx(_scored_logprobs(model, after, 1.0), abs=1e-4)
+
+
 def test_the_engine_core_runs_in_this_process_when_vllm_multiprocessing_is_off(engine):
     """VLLM_ENABLE_V1_MULTIPROCESSING=0 (set on CPU machines): no engine core process and no second import of vLLM;
     torch.set_num_threads, which vLLM's CPU worker replaces in its process, is handed back when the engine closes."""

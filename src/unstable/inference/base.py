@@ -72,5 +72,10 @@ class InferenceBackend(ABC):
         waits for that); backends that cannot do it say so."""
         raise NotImplementedError(f"{type(self).__name__} cannot reload full weights")
 
+    def takes_tensors(self, checkpoint: Checkpoint) -> bool:
+        """Whether `checkpoint`'s weights can be handed over in memory (`load_adapter_tensors`,
+        `load_weight_tensors`) instead of read from its folder; none by default."""
+        return False
+
     def close(self) -> None:  # noqa: B027 - a no-op default, not abstract
         """Release what the backend holds beyond its memory (threads, engine processes); nothing by default."""

@@ -134,7 +134,7 @@ class InferenceServer:
         """Keep `served` (a LoRA adapter's PEFT config and tensors, or None and full weights) for `checkpoint`, to load
         from memory when a request names it; returns whether the backend loads weights from memory (else it will read
         the checkpoint's folder)."""
-        if not hasattr(self._backend, "load_weight_tensors"):
+        if not (isinstance(self._backend, InferenceBackend) and self._backend.takes_tensors(checkpoint)):
             return False
         with self._offered_lock:
             self._offered[checkpoint.uid] = served

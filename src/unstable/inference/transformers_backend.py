@@ -93,6 +93,10 @@ class TransformersBackend(InferenceBackend):
             if self.prefix_cache is not None:
                 self.prefix_cache.drop_adapter(uid)
 
+    def takes_tensors(self, checkpoint: Checkpoint) -> bool:
+        """Adapters and full weights alike are handed over in memory."""
+        return True
+
     def load_adapter_tensors(self, uid: str, config: dict, weights: dict) -> None:
         """Put an adapter handed over in memory (PEFT's config and tensors) into a slot under `uid`."""
         if uid not in self.adapters:

@@ -62,6 +62,7 @@ from vllm.inputs import tokens_input  # noqa: E402
 from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.platforms import current_platform  # noqa: E402
 from vllm.sampling_params import RequestOutputKind  # noqa: E402
+from vllm.v1.engine.core_client import InprocClient  # noqa: E402
 from vllm.v1.engine.llm_engine import LLMEngine  # noqa: E402
 
 # "processed" log-probs are taken after temperature scaling (and top-p truncation): the sampling distribution.
@@ -174,13 +175,31 @@ class VLLMBackend(InferenceBackend):
         """
         if not any(any(Path(path).glob(pattern)) for pattern in WEIGHT_FILES):
             raise RuntimeError(f"full checkpoint {path!r} holds no weights ({', '.join(WEIGHT_FILES)})")
-        self._call(lambda: self._reload_weights(path))
+        self._call(lambda: self._reload_weights(path, weights_path=path))
+
+    def takes_tensors(self, checkpoint: Checkpoint) -> bool:
+        """Full weights when the engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`); vLLM loads
+        an adapter only from its folder, and its core process takes no tensors through `collective_rpc`."""
+        return not checkpoint.is_adapter and self._core_in_this_process()
+
+    def load_weight_tensors(self, state: dict) -> None:
+        """`load_weights` from tensors handed over in memory (a state dict under the checkpoint's names), with no
+        folder read (`takes_tensors`)."""
+        if not self._core_in_this_process():
+            raise RuntimeError(
+                "vLLM's engine core runs in a process of its own (VLLM_ENABLE_V1_MULTIPROCESSING): it takes full "
+                "weights from a checkpoint folder only (load_weights)"
+            )
+        self._call(lambda: self._reload_weights("tensors handed over", weights_iterator=list(state.items())))
 
     def close(self) -> None:
         """Shut the engine (and its core process, if it has one) down and end the engine thread."""
         self._call(lambda: self.engine.engine_core.shutdown())
         self._stop_thread()
         del self.engine  # now, not at interpreter exit, where vLLM's `__del__` would fail noisily
+
+    def _core_in_this_process(self) -> bool:
+        return isinstance(self.engine.engine_core, InprocClient)
 
     def _call(self, function: Callable):
         """Run `function` on the engine thread between two steps and return its result (or raise its error)."""
@@ -294,21 +313,22 @@ class VLLMBackend(InferenceBackend):
         if idle:
             self.engine.remove_lora(lora_id)
 
-    def _reload_weights(self, path: str) -> None:
+    def _reload_weights(self, source: str, **weights) -> None:
+        """Reload the base weights from `weights` (vLLM's `weights_path` or `weights_iterator`), named `source`."""
         if self._running:
             raise RuntimeError(
-                f"load_weights({path!r}) while {len(self._running)} requests run: they would finish on other "
+                f"load_weights({source!r}) while {len(self._running)} requests run: they would finish on other "
                 "weights than they started on; wait for them first (the InferenceServer does)"
             )
         try:
-            self.engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
+            self.engine.collective_rpc("reload_weights", kwargs=weights)
             if self._on_cpu:
                 self.engine.collective_rpc("repack_tied_lm_head")
         except Exception as exc:
-            raise RuntimeError(f"vLLM failed to reload the weights from {path!r}: {exc}") from exc
+            raise RuntimeError(f"vLLM failed to reload the weights from {source}: {exc}") from exc
         if not self.engine.reset_prefix_cache():
             raise RuntimeError(
-                f"vLLM did not reset its prefix cache after loading {path!r}: prompts would reuse keys and values "
+                f"vLLM did not reset its prefix cache after loading {source}: prompts would reuse keys and values "
                 "computed with the old weights"
             )
 

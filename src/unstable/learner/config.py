@@ -238,7 +238,7 @@ class LearnerConfig(Settings):
         "memory",
         description="how each new policy reaches the inference actors: `memory` (its tensors through Ray's object "
         "store; the checkpoint folder is written in the background) or `folder` (written first, then loaded; so "
-        "too for an engine that cannot take tensors, such as vLLM, and for a sharded learner)",
+        "too for an engine that cannot take tensors, such as vLLM with a LoRA adapter, and for a sharded learner)",
     )
     policy: PolicyConfig = PolicyConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
