@@ -135,7 +135,7 @@ class VLLMBackend(InferenceBackend):
         self._running: dict[str, _Running] = {}  # by request id; the engine thread's alone
         self._calls: queue.SimpleQueue = queue.SimpleQueue()  # (function, its future) for the engine thread
         # vLLM's CPU worker replaces torch.set_num_threads for good in the process it runs in (this one, when the
-        # engine core runs in this thread); `close` gives it back
+        # engine core runs in this thread); `_stop_thread` gives it back
         self._set_num_threads = torch.set_num_threads
         self._thread = threading.Thread(target=self._serve, name="vllm-engine", daemon=True)
         self._thread.start()
