@@ -103,6 +103,16 @@ def test_by_turn_gives_each_turn_its_own_mean_and_std():
         retra.NormalizeRewardsByEnv(True, by_turn="yes")
 
 
+def test_by_group_gives_each_vine_group_its_own_mean_and_std():
+    # a decision whose moves differ by little (a Queen facing a bet) gets the scale of one that differs by much
+    rows = [(0.3, "q"), (-0.1, "q"), (3.0, "k"), (-1.0, "k"), (1.0, None), (-1.0, None)]  # (advantage, group)
+    steps = [replace(_step(0, reward=r), group_id=g) for r, g in rows]
+    z = retra.NormalizeRewardsByEnv(True, by_group=True)(steps)
+    assert [s.reward for s in z] == pytest.approx([1.0, -1.0, 1.0, -1.0, 1.0, -1.0])  # no group: the env's own
+    with pytest.raises(ValueError, match="by_group"):
+        retra.NormalizeRewardsByEnv(True, by_group=1)
+
+
 def test_the_buffer_names_each_steps_opponent_from_the_game_record():
     buffer = StepBuffer(BufferConfig(max_buffer_size=10), stages=RewardStages())
     steps = (_step(0), _step(1), _step(0))

@@ -193,13 +193,26 @@ class NormalizeRewardsByEnv(SamplingRewardTransform):
     With `by_turn` each turn of the game (`Step.turn`) has its own: under a discount (`DiscountLaterDecisions`) an
     opening's advantages are small beside the endgame's, and one env-wide std would leave the opening nearly no
     gradient; per turn every depth of the game gets the same scale.
+
+    With `by_group` the moves sampled from one copied state (`Step.group_id`: vines, branching) have their own, as in
+    GRPO: after `BaselineByGroup`, a decision whose moves differ by little (a Queen facing a bet in Kuhn Poker) weighs
+    as much in the gradient as one whose moves differ by much (a King's), instead of being drowned by it. Steps with
+    no group keep their env's (and seat's, turn's) mean and std.
     """
 
-    def __init__(self, z_score: bool = False, by_role: bool = False, by_turn: bool = False, eps: float = 1e-8):
-        _require_bools(z_score=z_score, by_role=by_role, by_turn=by_turn)
+    def __init__(
+        self,
+        z_score: bool = False,
+        by_role: bool = False,
+        by_turn: bool = False,
+        by_group: bool = False,
+        eps: float = 1e-8,
+    ):
+        _require_bools(z_score=z_score, by_role=by_role, by_turn=by_turn, by_group=by_group)
         self.z_score = z_score
         self.by_role = by_role
         self.by_turn = by_turn
+        self.by_group = by_group
         self.eps = eps
 
     def __call__(self, steps: list[Step]) -> list[Step]:
@@ -210,7 +223,12 @@ class NormalizeRewardsByEnv(SamplingRewardTransform):
         return [replace(s, reward=self._normalize(s.reward, *stats[self._key(s)])) for s in steps]
 
     def _key(self, step: Step) -> Hashable:
-        return (self._group(step), step.player_id if self.by_role else None, step.turn if self.by_turn else None)
+        return (
+            self._group(step),
+            step.player_id if self.by_role else None,
+            step.turn if self.by_turn else None,
+            step.group_id if self.by_group else None,
+        )
 
     def _group(self, step: Step) -> Hashable:
         return step.env_id

@@ -1,0 +1,117 @@
+"""Does a Kuhn Poker policy tell the Queen from the King? Two measurements (experiments/log.md, "Kuhn Poker's floor").
+
+`floor`: the least exploitability of any strategy that plays the Queen and the King alike at every information set
+(a local search over the 8 free probabilities from random starts): the best a card-coarsened policy can do.
+
+`probe CHECKPOINT`: full-batch supervised steps (Adam) toward given moves at given information sets, printing the
+model's probability of the aggressive move as it goes: how many steps the model needs to play two cards apart when
+told to, against what RL gives it.
+
+    python experiments/kuhn_card_reading.py floor
+    python experiments/kuhn_card_reading.py probe RUN/checkpoints/ckpt-600 --targets "Qb:[fold]" "Kb:[call]"
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+from unstable.games.kuhn import exploitability
+
+ALIKE_SLOTS = ("J", "QK", "Jcb", "QKcb", "Jc", "QKc", "Jb", "QKb")  # "QK...": one probability for both cards
+
+
+def alike_strategy(probabilities: list[float]) -> dict[str, float]:
+    """A full strategy from one probability per slot of `ALIKE_SLOTS`, the Queen and the King sharing theirs."""
+    strategy = {}
+    for slot, p in zip(ALIKE_SLOTS, probabilities, strict=True):
+        cards, history = ("QK", slot[2:]) if slot.startswith("QK") else ("J", slot[1:])
+        strategy |= {card + history: p for card in cards}
+    return strategy
+
+
+def least_exploitable_alike(restarts: int, seed: int = 0) -> tuple[float, dict[str, float]]:
+    """Coordinate descent with random kicks from `restarts` random starts; the best exploitability and strategy."""
+    rng = random.Random(seed)
+    score = lambda p: float(exploitability(alike_strategy(p)))  # noqa: E731
+    best = (float("inf"), [])
+    for _ in range(restarts):
+        point = [rng.random() for _ in ALIKE_SLOTS]
+        value, step = score(point), 0.25
+        while step > 1e-4:
+            moves = [_nudged(point, i, d) for i in range(len(point)) for d in (step, -step)]
+            moves += [[_clip(x + rng.uniform(-step, step)) for x in point] for _ in range(200)]
+            better = next(((m, v) for m in moves if (v := score(m)) < value - 1e-12), None)
+            if better:
+                point, value = better
+            else:
+                step /= 2
+        best = min(best, (value, point))
+    return best[0], alike_strategy(best[1])
+
+
+def _nudged(point: list[float], index: int, delta: float) -> list[float]:
+    return [_clip(x + delta) if i == index else x for i, x in enumerate(point)]
+
+
+def _clip(x: float) -> float:
+    return min(1.0, max(0.0, x))
+
+
+def probe(checkpoint: str, targets: list[str], lr: float, steps: int) -> None:
+    """Train `checkpoint` toward `targets` ("Qb:[fold]") and print the aggressive-move probabilities every few steps."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from unstable.collector.demonstrations import supervised_step
+    from unstable.games.kuhn import aggressive_probability, kuhn_information_sets
+    from unstable.records import EnvSpec, Step
+
+    torch.manual_seed(0)
+    spec = EnvSpec("KuhnPoker-v0-single-train", 2, "qwen3-zs")
+    tokenizer, model = AutoTokenizer.from_pretrained(checkpoint), AutoModelForCausalLM.from_pretrained(checkpoint)
+    infosets = {info.key: info for info in kuhn_information_sets(spec.env_id)}
+
+    def logprob(key: str, move: str) -> torch.Tensor:
+        info = infosets[key]
+        step = supervised_step(Step(spec.env_id, info.env_player_id, 0, info.observation, move), spec, tokenizer)
+        prompt, completion = list(step.prompt_token_ids), list(step.completion_token_ids)
+        logprobs = model(torch.tensor([prompt + completion])).logits.float().log_softmax(-1)[0]
+        return sum(logprobs[len(prompt) - 1 + j, token] for j, token in enumerate(completion))
+
+    def aggressive(key: str) -> float:
+        with torch.no_grad():
+            return aggressive_probability({m: logprob(key, m).item() for m in infosets[key].legal_actions})
+
+    pairs = [target.split(":") for target in targets]
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    for step in range(steps + 1):
+        if step % max(1, steps // 8) == 0:
+            print(step, {key: round(aggressive(key), 3) for key in ("Jb", "Qb", "Kb", "J", "Q", "K")}, flush=True)
+        loss = -sum(logprob(key, move) for key, move in pairs)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    floor = commands.add_parser("floor", help="the least exploitability with the Queen and the King played alike")
+    floor.add_argument("--restarts", type=int, default=40)
+    told = commands.add_parser("probe", help="supervised steps toward given moves; the probabilities as they go")
+    told.add_argument("checkpoint")
+    told.add_argument("--targets", nargs="+", default=["Qb:[fold]", "Kb:[call]"])
+    told.add_argument("--lr", type=float, default=4e-4)
+    told.add_argument("--steps", type=int, default=80)
+    args = parser.parse_args()
+    if args.command == "floor":
+        value, strategy = least_exploitable_alike(args.restarts)
+        print(f"least exploitability with the Queen and the King alike: {value:.4f}")
+        print({key: round(p, 3) for key, p in strategy.items()})
+    else:
+        probe(args.checkpoint, args.targets, args.lr, args.steps)
+
+
+if __name__ == "__main__":
+    main()
