@@ -87,7 +87,8 @@ def probe(checkpoint: str, targets: list[str], lr: float, steps: int) -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     for step in range(steps + 1):
         if step % max(1, steps // 8) == 0:
-            print(step, {key: round(aggressive(key), 3) for key in ("Jb", "Qb", "Kb", "J", "Q", "K")}, flush=True)
+            shown = {key: round(aggressive(key), 3) for key in ("Jb", "Qb", "Kb", "J", "Q", "K")}
+            print(f"step {step}:", shown, flush=True)
         loss = -sum(logprob(key, move) for key, move in pairs)
         optimizer.zero_grad()
         loss.backward()

@@ -21,7 +21,9 @@ from unstable.agents.scripted import (
 )
 from unstable.agents.seating import make_agent, parse_opponent
 from unstable.games import tictactoe
+from unstable.games.kuhn import INFOSETS, exploitability
 from unstable.games.moves import legal_moves
+from unstable.games.registry import make_env
 from unstable.games.templates import get_template
 from unstable.records import Checkpoint, Opponent
 from unstable.tracking.stats import wilson_interval
@@ -209,6 +211,17 @@ def test_kuhn_nash_agent_alpha():
     assert agent.strategy["K"] == 0.75 and agent.name == "kuhn-nash:alpha=1/4"
     with pytest.raises(ValueError, match="alpha"):
         KuhnPokerNashAgent(seed=0, alpha=0.5)
+
+
+def test_kuhn_honest_agent_bets_and_calls_the_king_only_and_is_exploitable():
+    agent = make_scripted_agent("kuhn-honest", seed=0)
+    assert agent.strategy == {key: float(key[0] == "K") for key in INFOSETS}
+    env = make_env("KuhnPoker-v0-single-train")
+    env.reset(num_players=2, seed=0)
+    _, observation = env.get_observation()
+    card = kuhn_infoset(observation)[0]
+    assert agent.act(observation).action == ("[bet]" if card == "K" else "[check]")
+    assert exploitability(agent.strategy) == pytest.approx(1 / 4)  # a best response wins 1/6 first, 1/3 second
 
 
 def test_make_scripted_agent_names_and_errors():

@@ -174,23 +174,44 @@ def kuhn_infoset(observation: str) -> str:
     return key
 
 
-class KuhnPokerNashAgent(Agent):
-    """Plays the Kuhn Poker equilibrium `nash_strategy(alpha)` in every round, as the first or second player
-    according to who opened the current round."""
+class KuhnPokerStrategyAgent(Agent):
+    """Plays a fixed Kuhn Poker strategy (`strategy`: P(bet or call) per information set) in every round, as the
+    first or second player according to who opened the current round."""
 
-    def __init__(self, seed: int, alpha: float = Fraction(1, 6)):
+    strategy: dict[str, float]
+
+    def __init__(self, seed: int):
         self._rng = random.Random(seed)
-        self.strategy = nash_strategy(alpha)
-        self.name = f"kuhn-nash:alpha={alpha}"
 
     def act(self, observation: str) -> Decision:
-        """Bet/call with the equilibrium probability of the current information set, else check/fold."""
+        """Bet/call with the strategy's probability at the current information set, else check/fold."""
         key = kuhn_infoset(observation)
         facing_bet = key.endswith("b")
         aggressive = self._rng.random() < self.strategy[key]
         if facing_bet:
             return Decision(action="[call]" if aggressive else "[fold]")
         return Decision(action="[bet]" if aggressive else "[check]")
+
+
+class KuhnPokerNashAgent(KuhnPokerStrategyAgent):
+    """The Kuhn Poker equilibrium `nash_strategy(alpha)`."""
+
+    def __init__(self, seed: int, alpha: float = Fraction(1, 6)):
+        super().__init__(seed)
+        self.strategy = nash_strategy(alpha)
+        self.name = f"kuhn-nash:alpha={alpha}"
+
+
+class KuhnPokerHonestAgent(KuhnPokerStrategyAgent):
+    """Bets and calls with the King only; checks and folds the Jack and the Queen. It never bluffs, so against it a
+    Queen facing a bet should fold and a Queen first to act should check, while the King's choices are even:
+    an opponent that makes the Queen's moves unequal where self-play leaves them nearly even (exploitability 1/4)."""
+
+    name = "kuhn-honest"
+
+    def __init__(self, seed: int):
+        super().__init__(seed)
+        self.strategy = {key: float(key[0] == "K") for key in INFOSETS}
 
 
 class NimOptimalAgent(Agent):
@@ -221,6 +242,7 @@ SCRIPTED_AGENTS: dict[str, type[Agent]] = {
     "tictactoe-win-block": TicTacToeWinBlockAgent,
     "tictactoe-win-block-center": TicTacToeWinBlockCenterAgent,
     "kuhn-nash": KuhnPokerNashAgent,
+    "kuhn-honest": KuhnPokerHonestAgent,
     "nim-optimal": NimOptimalAgent,
 }
 
