@@ -59,37 +59,32 @@ def _clip(x: float) -> float:
 
 
 def probe(checkpoint: str, targets: list[str], lr: float, steps: int) -> None:
-    """Train `checkpoint` toward `targets` ("Qb:[fold]") and print the aggressive-move probabilities every few steps."""
+    """Train `checkpoint` toward `targets` ("Qb:[fold]") and print the aggressive-move probabilities every few steps,
+    scored as the evaluation scores them (`evaluation.evaluate.kuhn_strategy`)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from unstable.collector.demonstrations import supervised_step
-    from unstable.games.kuhn import aggressive_probability, kuhn_information_sets
+    from unstable.evaluation.evaluate import kuhn_strategy, scoring_policy
+    from unstable.games.kuhn import kuhn_information_sets
     from unstable.records import EnvSpec, Step
 
     torch.manual_seed(0)
     spec = EnvSpec("KuhnPoker-v0-single-train", 2, "qwen3-zs")
-    tokenizer, model = AutoTokenizer.from_pretrained(checkpoint), AutoModelForCausalLM.from_pretrained(checkpoint)
+    policy = scoring_policy(checkpoint)
     infosets = {info.key: info for info in kuhn_information_sets(spec.env_id)}
-
-    def logprob(key: str, move: str) -> torch.Tensor:
-        info = infosets[key]
-        step = supervised_step(Step(spec.env_id, info.env_player_id, 0, info.observation, move), spec, tokenizer)
-        prompt, completion = list(step.prompt_token_ids), list(step.completion_token_ids)
-        logprobs = model(torch.tensor([prompt + completion])).logits.float().log_softmax(-1)[0]
-        return sum(logprobs[len(prompt) - 1 + j, token] for j, token in enumerate(completion))
-
-    def aggressive(key: str) -> float:
-        with torch.no_grad():
-            return aggressive_probability({m: logprob(key, m).item() for m in infosets[key].legal_actions})
-
-    pairs = [target.split(":") for target in targets]
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    shown = [infosets[key] for key in ("Jb", "Qb", "Kb", "J", "Q", "K")]
+    told = [
+        supervised_step(
+            Step(spec.env_id, infosets[key].env_player_id, 0, infosets[key].observation, move), spec, policy.tokenizer
+        )
+        for key, move in (target.split(":") for target in targets)
+    ]
+    optimizer = torch.optim.Adam(policy.model.parameters(), lr=lr)
     for step in range(steps + 1):
         if step % max(1, steps // 8) == 0:
-            shown = {key: round(aggressive(key), 3) for key in ("Jb", "Qb", "Kb", "J", "Q", "K")}
-            print(f"step {step}:", shown, flush=True)
-        loss = -sum(logprob(key, move) for key, move in pairs)
+            strategy = kuhn_strategy(policy, spec, shown)
+            print(f"step {step}:", {key: round(p, 3) for key, p in strategy.items()}, flush=True)
+        loss = -sum((policy.forward(b).logprobs * b.completion_mask).sum() for b in policy.micro_batches(told))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
