@@ -99,6 +99,11 @@ def test_on_policy_samples_train_as_without_the_correction(tiny_model_dir, bandi
         ("{importance_level: word}", "importance_level must be one of"),
         ("{ref_kl_coef: 0.1, ref_reset_every: 0}", "ref_reset_every must be >= 1"),
         ("{ref_reset_every: 5}", "only a ref_kl_coef above 0 uses"),
+        ("{ref_kl_coef: [[0, 0.5], [0, 0.1]]}", "updates must be whole numbers >= 0, increasing"),
+        ("{ref_kl_coef: [[0, 0.5], [100, -0.1]]}", "ref_kl_coef must be >= 0"),
+        ("{ref_kl_coef: [[0, 0.5, 1]]}", "each ref_kl_coef point must be"),
+        ("{ref_kl_coef: []}", "a number or a list of"),
+        ("{ref_kl_coef: [[0, 0], [10, 0]], ref_reset_every: 5}", "only a ref_kl_coef above 0 uses"),
     ],
 )
 def test_a_bad_correction_or_anchor_setting_is_refused_in_one_line(args, fragment):
@@ -144,6 +149,27 @@ def test_the_reference_moves_to_the_policy_every_m_updates_and_after_a_resume(ti
     restored.train_step(_bandit_batch(restored, bandit))  # the resumed run's 4th update moves it again
     fourth, reference = _good_logprobs(restored, bandit)
     torch.testing.assert_close(reference, fourth)
+
+
+def test_a_scheduled_kl_coefficient_moves_linearly_between_its_points_and_resumes_where_it_was(tiny_model_dir, bandit):
+    """`ref_kl_coef: [[1, 0.4], [3, 0.0]]`: 0.4 for the first two updates (flat before the first point), halfway at
+    update 2, 0 from update 3 on (flat after the last), each step's coefficient logged and its loss term scaled by
+    it; a learner restored from the state goes on from the updates taken."""
+
+    def build():
+        return _learner(tiny_model_dir, Reinforce(ref_kl_coef=[[1, 0.4], [3, 0.0]]))
+
+    learner = build()
+    logged = []
+    for _ in range(2):
+        metrics = learner.train_step(_bandit_batch(learner, bandit))
+        logged.append(metrics[keys.REF_KL_COEF])
+        assert metrics[keys.REF_KL_LOSS] == pytest.approx(metrics[keys.REF_KL_COEF] * metrics[keys.REF_KL])
+    restored = build()
+    restored.load_state_dict(learner.state_dict())
+    for _ in range(2):
+        logged.append(restored.train_step(_bandit_batch(restored, bandit))[keys.REF_KL_COEF])
+    assert logged == pytest.approx([0.4, 0.4, 0.2, 0.0])
 
 
 def test_without_a_reset_the_state_keeps_no_reference_weights(tiny_model_dir, bandit):

@@ -43,7 +43,8 @@ def test_a_run_moved_elsewhere_resumes_from_another_directory_and_finishes(tiny_
         "warm_start.batch_size=8",
         "warm_start.learning_rate=0.01",  # a few SFT updates that move the adapter well away from the base
         "learner.policy.lora={lora_rank: 4, lora_alpha: 8, target_modules: [q_proj, v_proj, lm_head]}",
-        "learner.algorithm.args={ref_kl_coef: 0.1, ref_reset_every: 1, importance_cap: 2.0}",
+        # the KL coefficient scheduled over updates (0.1, 0.2, 0.3 at steps 1-3), resumed where it was
+        "learner.algorithm.args={ref_kl_coef: [[0, 0.1], [2, 0.3]], ref_reset_every: 1, importance_cap: 2.0}",
         "learner.resume_state.every_steps=1",
         "evaluation.games_at_start=2",
     )
@@ -61,6 +62,7 @@ def test_a_run_moved_elsewhere_resumes_from_another_directory_and_finishes(tiny_
     first, second = ([row for row in rows if row.get(keys.STEP) == step][0] for step in (1, 2))
     assert first[keys.REF_KL] < 1e-6  # the penalty measures the distance from the warm start, not the base model
     assert 0.0 <= second[keys.IMPORTANCE_CAPPED_FRACTION] <= 1.0  # stale samples were reweighted
+    assert [first[keys.REF_KL_COEF], second[keys.REF_KL_COEF]] == pytest.approx([0.1, 0.2])
     state = resume.load_part(moved / "state" / "step-2", "learner")
     assert state["algorithm"] == {"updates": 2}  # step 2 was made by the resumed session
     for name, weight in state["reference"].items():  # the anchor moved to the policy of step 2, saved for resume
@@ -72,3 +74,5 @@ def test_a_run_moved_elsewhere_resumes_from_another_directory_and_finishes(tiny_
     cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
     assert main(["train", "--resume", str(moved), "--set", "learner.num_steps=3"]) == 0
     assert _steps(moved) == [0, 1, 2, 3]  # step 2 redone and logged once
+    rows = [json.loads(line) for line in (moved / "metrics.jsonl").read_text().splitlines()]
+    assert [row[keys.REF_KL_COEF] for row in rows if row.get(keys.STEP, 0) > 0] == pytest.approx([0.1, 0.2, 0.3])

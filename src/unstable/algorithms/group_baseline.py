@@ -34,7 +34,7 @@ class GroupBaseline(Reinforce):
         max_generation_len: int | None = None,
         scale_by_std: bool = False,
         eps: float = 1e-6,
-        ref_kl_coef: float = 0.0,
+        ref_kl_coef: float | list[list[float]] = 0.0,
         ref_reset_every: int | None = None,
         importance_cap: float | None = None,
         importance_level: Literal["token", "sequence"] = "token",

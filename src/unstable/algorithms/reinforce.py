@@ -15,6 +15,10 @@ completion). The KL term (as in GRPO) keeps probability on moves the reference p
 late (folding a Jack in Kuhn Poker) is still sampled when its gradient arrives. The reference is the warm start;
 with `ref_reset_every` M it becomes the current policy every M updates (a moving anchor, as R-NaD's regularisation
 policy), which damps the cycling of plain self-play without holding the policy near its start for ever.
+`ref_kl_coef` may be a schedule instead of one number: points `[[update, coef], ...]`, the coefficient linear between
+them and flat outside (an annealed magnet, as in magnetic mirror descent: the anchor's weight is the temperature of the
+regularised equilibrium self-play settles in, so a strong anchor that lets the policy find the moves' values is
+lowered as it goes).
 One optimizer step per batch, gradients accumulated over micro-batches. Data-parallel learners each take an equal
 shard of the batch: pg_loss is a mean over steps, so the shards' average is the batch's; the KL term is a token mean
 per micro-batch weighted by its rows, as with one learner whose micro-batches are the shards'.
@@ -40,20 +44,18 @@ class Reinforce(BaseAlgo):
     def __init__(
         self,
         max_generation_len: int | None = None,
-        ref_kl_coef: float = 0.0,
+        ref_kl_coef: float | list[list[float]] = 0.0,
         ref_reset_every: int | None = None,
         importance_cap: float | None = None,
         importance_level: Literal["token", "sequence"] = "token",
     ):
-        if ref_kl_coef < 0:
-            raise ValueError(f"ref_kl_coef must be >= 0, got {ref_kl_coef}")
+        self.ref_kl_schedule = kl_schedule(ref_kl_coef)
         if ref_reset_every is not None and ref_reset_every < 1:
             raise ValueError(f"ref_reset_every must be >= 1 or None (the reference stays put), got {ref_reset_every}")
-        if ref_reset_every is not None and not ref_kl_coef:
+        if ref_reset_every is not None and not any(coef for _, coef in self.ref_kl_schedule):
             raise ValueError("ref_reset_every moves the KL reference, which only a ref_kl_coef above 0 uses: set both")
         check_importance(importance_cap, importance_level)
         self.max_generation_len = max_generation_len
-        self.ref_kl_coef = ref_kl_coef
         self.ref_reset_every = ref_reset_every
         self.importance_cap = importance_cap
         self.importance_level = importance_level
@@ -63,6 +65,7 @@ class Reinforce(BaseAlgo):
         """One gradient step over the whole batch (this learner's shard of it)."""
         steps = policy.shard(steps)
         n = len(steps)
+        ref_kl_coef = self.ref_kl_coef()
         pg_loss_total, ref_kl_total, capped, tokens = 0.0, 0.0, 0.0, 0.0
         for batch in self.prepare_batch(steps, policy):
             logp = policy.forward(batch).logprobs  # (b, L-1)
@@ -70,8 +73,8 @@ class Reinforce(BaseAlgo):
             share = len(batch.steps) / n
             weights, batch_capped = importance_weights(logp, batch, self.importance_cap, self.importance_level)
             pg_loss = self.loss(logp, batch, n, weights)
-            ref_kl = self.reference_kl(logp, batch, policy)
-            ref_kl_loss = self.ref_kl_coef * share * ref_kl
+            ref_kl = self.reference_kl(logp, batch, policy, ref_kl_coef)
+            ref_kl_loss = ref_kl_coef * share * ref_kl
             (pg_loss + ref_kl_loss).backward()
             pg_loss_total += pg_loss.item()
             ref_kl_total += share * ref_kl.item()
@@ -79,12 +82,13 @@ class Reinforce(BaseAlgo):
             tokens += float(batch.completion_mask.sum())
         grad_norm = policy.optimizer_step()
         self.move_anchor(policy)
-        ref_kl_loss_total = self.ref_kl_coef * ref_kl_total
+        ref_kl_loss_total = ref_kl_coef * ref_kl_total
         return {
             keys.LOSS: pg_loss_total + ref_kl_loss_total,
             keys.PG_LOSS: pg_loss_total,
             keys.REF_KL: ref_kl_total,
             keys.REF_KL_LOSS: ref_kl_loss_total,
+            keys.REF_KL_COEF: ref_kl_coef,
             keys.GRAD_NORM: grad_norm,
         } | importance_metrics(self.importance_cap, capped, tokens)
 
@@ -94,9 +98,13 @@ class Reinforce(BaseAlgo):
         if self.ref_reset_every and self.updates % self.ref_reset_every == 0:
             policy.reset_reference()
 
-    def reference_kl(self, logp: torch.Tensor, batch: TokenBatch, policy: TrainablePolicy) -> torch.Tensor:
-        """KL(pi || pi_ref) over the micro-batch's completion tokens; 0 (no reference pass) when ref_kl_coef is 0."""
-        if not self.ref_kl_coef:
+    def ref_kl_coef(self) -> float:
+        """The KL coefficient of the next update: `ref_kl_coef`'s schedule at the updates taken so far."""
+        return scheduled(self.ref_kl_schedule, self.updates)
+
+    def reference_kl(self, logp: torch.Tensor, batch: TokenBatch, policy: TrainablePolicy, coef: float) -> torch.Tensor:
+        """KL(pi || pi_ref) over the micro-batch's completion tokens; 0 (no reference pass) when `coef` is 0."""
+        if not coef:
             return torch.zeros(())
         return approx_kl(policy.reference_logprobs(batch), logp, batch.completion_mask)
 
@@ -116,9 +124,45 @@ class Reinforce(BaseAlgo):
             )
 
     def state_dict(self) -> dict[str, Any]:
-        """The number of updates taken (when the anchor moves next)."""
+        """The number of updates taken (when the anchor moves next, where the KL schedule is)."""
         return {"updates": self.updates}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the update count (a state saved before it was kept counts from 0)."""
         self.updates = int(state.get("updates", 0))
+
+
+def kl_schedule(ref_kl_coef: float | list[list[float]]) -> list[tuple[int, float]]:
+    """`ref_kl_coef` as `(update, coef)` points: one number is a flat schedule; a list of `[update, coef]` pairs
+    must have updates >= 0 in increasing order and coefficients >= 0."""
+    if isinstance(ref_kl_coef, int | float) and not isinstance(ref_kl_coef, bool):
+        points = [[0, ref_kl_coef]]
+    elif isinstance(ref_kl_coef, list | tuple) and ref_kl_coef:
+        points = ref_kl_coef
+    else:
+        raise ValueError(f"ref_kl_coef must be a number or a list of [update, coef] points, got {ref_kl_coef!r}")
+    schedule = []
+    for point in points:
+        if not (isinstance(point, list | tuple) and len(point) == 2 and all(_is_number(x) for x in point)):
+            raise ValueError(f"each ref_kl_coef point must be [update, coef], got {point!r}")
+        update, coef = point
+        if coef < 0:
+            raise ValueError(f"ref_kl_coef must be >= 0, got {coef}")
+        if update < 0 or int(update) != update or (schedule and update <= schedule[-1][0]):
+            raise ValueError(f"ref_kl_coef's updates must be whole numbers >= 0, increasing: got {ref_kl_coef!r}")
+        schedule.append((int(update), float(coef)))
+    return schedule
+
+
+def scheduled(schedule: list[tuple[int, float]], update: int) -> float:
+    """The value of a piecewise-linear `schedule` at `update` (its first value before it, its last after it)."""
+    if update <= schedule[0][0]:
+        return schedule[0][1]
+    for (u0, c0), (u1, c1) in zip(schedule, schedule[1:]):
+        if update <= u1:
+            return c0 + (c1 - c0) * (update - u0) / (u1 - u0)
+    return schedule[-1][1]
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)

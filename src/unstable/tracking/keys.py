@@ -12,6 +12,7 @@ VALUE_LOSS = "learner/value_loss"
 KL_LOSS = "learner/kl_loss"
 REF_KL = "learner/ref_kl"  # KL(policy || reference policy), k3 estimate on the sampled completion tokens
 REF_KL_LOSS = "learner/ref_kl_loss"
+REF_KL_COEF = "learner/ref_kl_coef"  # the KL coefficient of the step (`ref_kl_coef`, a number or a schedule)
 ENTROPY_LOSS = "learner/entropy_loss"
 AWR_LOSS = "learner/awr_loss"
 VALUE_MSE = "learner/value_mse"
