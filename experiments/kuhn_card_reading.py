@@ -7,16 +7,25 @@
 model's probability of the aggressive move as it goes: how many steps the model needs to play two cards apart when
 told to, against what RL gives it.
 
+`anchored`: where a KL anchor to even play lets self-play settle, whatever the model: the regularised equilibrium
+(each information set's policy proportional to the anchor's times exp(advantage / tau), the agent quantal response
+equilibrium that magnetic mirror descent converges to) at each temperature tau in chips, its exploitability, and the
+spread of the moves' advantages there (a z-scored advantage divides by it, so an anchor coefficient c is tau = c x
+spread chips).
+
     python experiments/kuhn_card_reading.py floor
     python experiments/kuhn_card_reading.py probe RUN/checkpoints/ckpt-600 --targets "Qb:[fold]" "Kb:[call]"
+    python experiments/kuhn_card_reading.py anchored --taus 1 0.5 0.3 0.2 0.1
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import math
 import random
 
-from unstable.games.kuhn import exploitability
+from unstable.games.kuhn import CARDS, FIRST_PLAYER_INFOSETS, INFOSETS, _deal_value, exploitability, game_value
 
 ALIKE_SLOTS = ("J", "QK", "Jcb", "QKcb", "Jc", "QKc", "Jb", "QKb")  # "QK...": one probability for both cards
 
@@ -90,6 +99,63 @@ def probe(checkpoint: str, targets: list[str], lr: float, steps: int) -> None:
         optimizer.step()
 
 
+def regularised_equilibrium(tau: float, iterations: int = 5000, damping: float = 0.05) -> dict[str, float]:
+    """The self-play fixed point of P(aggressive at I) = sigmoid(gap(I) / tau), the anchor even play (damped
+    iteration from even play)."""
+    strategy = {key: 0.5 for key in INFOSETS}
+    for _ in range(iterations):
+        target = {key: _sigmoid(value_gap(strategy, key) / tau) for key in INFOSETS}
+        strategy = {key: (1 - damping) * strategy[key] + damping * target[key] for key in INFOSETS}
+    return strategy
+
+
+def value_gap(strategy: dict[str, float], infoset: str) -> float:
+    """Chips the aggressive move wins over the passive one at `infoset`, given it is reached (both seats playing
+    `strategy`)."""
+    aggressive, passive = strategy | {infoset: 1.0}, strategy | {infoset: 0.0}
+    if infoset in FIRST_PLAYER_INFOSETS:
+        gain = game_value(aggressive, strategy) - game_value(passive, strategy)
+    else:
+        gain = game_value(strategy, passive) - game_value(strategy, aggressive)
+    reached = sum(_deal_reach(strategy, deal, infoset) for deal in itertools.permutations(CARDS, 2)) / 6
+    return gain / reached if reached > 1e-12 else 0.0
+
+
+def advantage_spread(strategy: dict[str, float]) -> float:
+    """The standard deviation of the moves' advantages (chips) over the games `strategy` plays against itself, each
+    move's advantage over its state's value with the deal known (as vines measure it)."""
+    weight = square = 0.0
+    for deal in itertools.permutations(CARDS, 2):
+        for infoset in INFOSETS:
+            reach = _deal_reach(strategy, deal, infoset)
+            if reach < 1e-12:
+                continue
+            aggressive, passive = strategy | {infoset: 1.0}, strategy | {infoset: 0.0}
+            gap = (_deal_value(*deal, aggressive, aggressive) - _deal_value(*deal, passive, passive)) / reach
+            p = strategy[infoset]
+            weight += reach
+            square += reach * p * (1 - p) * gap**2
+    return math.sqrt(square / weight)
+
+
+def _deal_reach(strategy: dict[str, float], deal: tuple[str, str], infoset: str) -> float:
+    """The probability that the deal's play reaches `infoset` (0 if its card is not the deal's)."""
+    first, second = deal
+    card, history = infoset[0], infoset[1:]
+    if card != (first if infoset in FIRST_PLAYER_INFOSETS else second):
+        return 0.0
+    return {
+        "": 1.0,
+        "b": strategy[first],
+        "c": 1 - strategy[first],
+        "cb": (1 - strategy[first]) * strategy[second + "c"],
+    }[history]
+
+
+def _sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-max(-50.0, min(50.0, x))))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -100,11 +166,22 @@ def main() -> None:
     told.add_argument("--targets", nargs="+", default=["Qb:[fold]", "Kb:[call]"])
     told.add_argument("--lr", type=float, default=4e-4)
     told.add_argument("--steps", type=int, default=80)
+    anchored = commands.add_parser("anchored", help="the regularised equilibrium's exploitability by temperature")
+    anchored.add_argument("--taus", type=float, nargs="+", default=[1.0, 0.65, 0.5, 0.3, 0.2, 0.1])
     args = parser.parse_args()
     if args.command == "floor":
         value, strategy = least_exploitable_alike(args.restarts)
         print(f"least exploitability with the Queen and the King alike: {value:.4f}")
         print({key: round(p, 3) for key, p in strategy.items()})
+    elif args.command == "anchored":
+        for tau in args.taus:
+            strategy = regularised_equilibrium(tau)
+            spread = advantage_spread(strategy)
+            print(
+                f"tau {tau:g} chips: exploitability {float(exploitability(strategy)):.4f}, advantage spread "
+                f"{spread:.3f} chips (anchor coefficient {tau / spread:.2f})",
+                {key: round(p, 2) for key, p in strategy.items()},
+            )
     else:
         probe(args.checkpoint, args.targets, args.lr, args.steps)
 
