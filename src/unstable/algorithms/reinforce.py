@@ -26,6 +26,7 @@ per micro-batch weighted by its rows, as with one learner whose micro-batches ar
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import torch
@@ -146,8 +147,8 @@ def kl_schedule(ref_kl_coef: float | list[list[float]]) -> list[tuple[int, float
         if not (isinstance(point, list | tuple) and len(point) == 2 and all(_is_number(x) for x in point)):
             raise ValueError(f"each ref_kl_coef point must be [update, coef], got {point!r}")
         update, coef = point
-        if coef < 0:
-            raise ValueError(f"ref_kl_coef must be >= 0, got {coef}")
+        if not math.isfinite(coef) or coef < 0:
+            raise ValueError(f"ref_kl_coef must be a finite number >= 0, got {coef}")
         if update < 0 or int(update) != update or (schedule and update <= schedule[-1][0]):
             raise ValueError(f"ref_kl_coef's updates must be whole numbers >= 0, increasing: got {ref_kl_coef!r}")
         schedule.append((int(update), float(coef)))
