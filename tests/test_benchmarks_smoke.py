@@ -8,6 +8,7 @@ A new script needs a row in `SMOKES`, or in `NOT_HERE` with the reason.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -178,3 +179,15 @@ def test_the_learning_benchmark_and_its_reevaluation(tiny_model_dir, tmp_path):
     args = [f"{TMP}/learning", "--games", "2", "--out", f"{TMP}/reeval.json"]
     assert "separated=" in run_benchmark("benchmarks/reevaluate.py", args, tmp_path, tiny_model_dir)
     assert json.loads((tmp_path / "reeval.json").read_text())["seeds"]
+
+
+@pytest.mark.slow
+def test_the_anchors_regularised_equilibrium_nears_kuhns_equilibrium_as_its_temperature_falls(tmp_path):
+    """`kuhn_card_reading.py anchored` (the smoke above runs its `probe`): the figures the log cites for two
+    temperatures, and the Queen played apart from the King at both."""
+    stdout = run_benchmark("experiments/kuhn_card_reading.py", ["anchored", "--taus", "0.5", "0.1"], tmp_path, "")
+    hot, cold = stdout.splitlines()
+    assert "exploitability 0.1124" in hot and "exploitability 0.0189" in cold
+    for line in (hot, cold):
+        strategy = ast.literal_eval(line[line.index("{") :])
+        assert strategy["Kb"] - strategy["Qb"] > 0.3  # facing a bet the King calls, the Queen mixes
