@@ -136,7 +136,7 @@ class Reinforce(BaseAlgo):
 def kl_schedule(ref_kl_coef: float | list[list[float]]) -> list[tuple[int, float]]:
     """`ref_kl_coef` as `(update, coef)` points: one number is a flat schedule; a list of `[update, coef]` pairs
     must have updates >= 0 in increasing order and coefficients >= 0."""
-    if isinstance(ref_kl_coef, int | float) and not isinstance(ref_kl_coef, bool):
+    if _is_number(ref_kl_coef):
         points = [[0, ref_kl_coef]]
     elif isinstance(ref_kl_coef, list | tuple) and ref_kl_coef:
         points = ref_kl_coef
