@@ -1,4 +1,4 @@
-"""The base of every component's settings, and the one check that a name is in a registry.
+"""The base of every component's settings, the one check that a name is in a registry, and what a number is.
 
 Each component declares its settings once, as a pydantic model in its own folder (`pool/config.py`,
 `learner/config.py`, ...), and takes that model whole; `unstable.config` nests them into a run config.
@@ -9,6 +9,7 @@ validation reads the registry, so the allowed values are never written down twic
 from __future__ import annotations
 
 from collections.abc import Iterable
+from numbers import Real
 
 from pydantic import BaseModel, ConfigDict
 
@@ -29,3 +30,8 @@ def check_registered(value: str, registry: Iterable[str], what: str) -> str:
     if value not in names:
         raise ValueError(f"unknown {what} {value!r}; valid: {names}")
     return value
+
+
+def is_number(value: object) -> bool:
+    """True for an int or float (any real number type), False for a bool, which Python counts as an int."""
+    return isinstance(value, Real) and not isinstance(value, bool)

@@ -36,6 +36,7 @@ from unstable.algorithms.batching import TokenBatch
 from unstable.algorithms.trainable import TrainablePolicy
 from unstable.records import Step
 from unstable.rl import approx_kl
+from unstable.settings import is_number
 from unstable.tracking import keys
 
 
@@ -136,7 +137,7 @@ class Reinforce(BaseAlgo):
 def kl_schedule(ref_kl_coef: float | list[list[float]]) -> list[tuple[int, float]]:
     """`ref_kl_coef` as `(update, coef)` points: one number is a flat schedule; a list of `[update, coef]` pairs
     must have updates >= 0 in increasing order and coefficients >= 0."""
-    if _is_number(ref_kl_coef):
+    if is_number(ref_kl_coef):
         points = [[0, ref_kl_coef]]
     elif isinstance(ref_kl_coef, list | tuple) and ref_kl_coef:
         points = ref_kl_coef
@@ -144,7 +145,7 @@ def kl_schedule(ref_kl_coef: float | list[list[float]]) -> list[tuple[int, float
         raise ValueError(f"ref_kl_coef must be a number or a list of [update, coef] points, got {ref_kl_coef!r}")
     schedule = []
     for point in points:
-        if not (isinstance(point, list | tuple) and len(point) == 2 and all(_is_number(x) for x in point)):
+        if not (isinstance(point, list | tuple) and len(point) == 2 and all(is_number(x) for x in point)):
             raise ValueError(f"each ref_kl_coef point must be [update, coef], got {point!r}")
         update, coef = point
         if not math.isfinite(coef) or coef < 0:
@@ -163,7 +164,3 @@ def scheduled(schedule: list[tuple[int, float]], update: int) -> float:
         if update <= u1:
             return c0 + (c1 - c0) * (update - u0) / (u1 - u0)
     return schedule[-1][1]
-
-
-def _is_number(x: object) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)

@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import logging
 import os
-from numbers import Real
 from pathlib import Path
 from typing import Any
 
+from unstable.settings import is_number
 from unstable.tracking import keys
 from unstable.tracking.config import TrackerConfig
 
 log = logging.getLogger(__name__)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool)
 
 
 def scalars(row: dict[str, Any]) -> dict[str, float]:
@@ -27,9 +23,9 @@ def scalars(row: dict[str, Any]) -> dict[str, float]:
     `key/1`, ... (nested tables such as the rating ladder are left to the JSONL file)."""
     flat = {}
     for key, value in row.items():
-        if _is_number(value):
+        if is_number(value):
             flat[key] = float(value)
-        elif isinstance(value, list) and value and all(_is_number(v) for v in value):
+        elif isinstance(value, list) and value and all(is_number(v) for v in value):
             flat |= {f"{key}/{i}": float(v) for i, v in enumerate(value)}
     return flat
 
