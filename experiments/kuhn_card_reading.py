@@ -25,7 +25,7 @@ import itertools
 import math
 import random
 
-from unstable.games.kuhn import CARDS, FIRST_PLAYER_INFOSETS, INFOSETS, _deal_value, exploitability, game_value
+from unstable.games.kuhn import CARDS, FIRST_PLAYER_INFOSETS, INFOSETS, deal_value, exploitability, game_value
 
 ALIKE_SLOTS = ("J", "QK", "Jcb", "QKcb", "Jc", "QKc", "Jb", "QKb")  # "QK...": one probability for both cards
 
@@ -131,7 +131,7 @@ def advantage_spread(strategy: dict[str, float]) -> float:
             if reach < 1e-12:
                 continue
             aggressive, passive = strategy | {infoset: 1.0}, strategy | {infoset: 0.0}
-            gap = (_deal_value(*deal, aggressive, aggressive) - _deal_value(*deal, passive, passive)) / reach
+            gap = (deal_value(*deal, aggressive, aggressive) - deal_value(*deal, passive, passive)) / reach
             p = strategy[infoset]
             weight += reach
             square += reach * p * (1 - p) * gap**2

@@ -49,7 +49,7 @@ def nash_strategy(alpha: float = Fraction(1, 6)) -> dict[str, float]:
     return first | second
 
 
-def _deal_value(first_card: str, second_card: str, first: Strategy, second: Strategy) -> float:
+def deal_value(first_card: str, second_card: str, first: Strategy, second: Strategy) -> float:
     """Expected chips won by the first player for one deal."""
     showdown = 1 if CARDS.index(first_card) > CARDS.index(second_card) else -1
     bet = first[first_card]
@@ -66,7 +66,7 @@ def game_value(strategy_p0: Strategy, strategy_p1: Strategy) -> float:
     """Expected chips per round won by the first player, playing strategy_p0's first-player part against
     strategy_p1's second-player part, averaged over the 6 equally likely deals."""
     deals = list(itertools.permutations(CARDS, 2))
-    return sum(_deal_value(a, b, strategy_p0, strategy_p1) for a, b in deals) * Fraction(1, len(deals))
+    return sum(deal_value(a, b, strategy_p0, strategy_p1) for a, b in deals) * Fraction(1, len(deals))
 
 
 def best_response_value(strategy: Strategy, br_player: int) -> float:
