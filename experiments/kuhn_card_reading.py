@@ -11,11 +11,13 @@ told to, against what RL gives it.
 (each information set's policy proportional to the anchor's times exp(advantage / tau), the agent quantal response
 equilibrium that magnetic mirror descent converges to) at each temperature tau in chips, its exploitability, and the
 spread of the moves' advantages there (a z-scored advantage divides by it, so an anchor coefficient c is tau = c x
-spread chips).
+spread chips). With `--resets N`, R-NaD's outer loop after it: the anchor replaced by the equilibrium it led to, N
+times, each reset's exploitability.
 
     python experiments/kuhn_card_reading.py floor
     python experiments/kuhn_card_reading.py probe RUN/checkpoints/ckpt-600 --targets "Qb:[fold]" "Kb:[call]"
     python experiments/kuhn_card_reading.py anchored --taus 1 0.5 0.3 0.2 0.1
+    python experiments/kuhn_card_reading.py anchored --taus 0.5 --resets 8
 """
 
 from __future__ import annotations
@@ -99,12 +101,15 @@ def probe(checkpoint: str, targets: list[str], lr: float, steps: int) -> None:
         optimizer.step()
 
 
-def regularised_equilibrium(tau: float, iterations: int = 5000, damping: float = 0.05) -> dict[str, float]:
-    """The self-play fixed point of P(aggressive at I) = sigmoid(gap(I) / tau), the anchor even play (damped
-    iteration from even play)."""
-    strategy = {key: 0.5 for key in INFOSETS}
+def regularised_equilibrium(
+    tau: float, anchor: dict[str, float] | None = None, iterations: int = 5000, damping: float = 0.05
+) -> dict[str, float]:
+    """The self-play fixed point of P(aggressive at I) = sigmoid(logit(anchor(I)) + gap(I) / tau), the anchor even
+    play unless given (damped iteration from the anchor)."""
+    anchor = anchor or {key: 0.5 for key in INFOSETS}
+    strategy = dict(anchor)
     for _ in range(iterations):
-        target = {key: _sigmoid(value_gap(strategy, key) / tau) for key in INFOSETS}
+        target = {key: _sigmoid(_logit(anchor[key]) + value_gap(strategy, key) / tau) for key in INFOSETS}
         strategy = {key: (1 - damping) * strategy[key] + damping * target[key] for key in INFOSETS}
     return strategy
 
@@ -156,6 +161,11 @@ def _sigmoid(x: float) -> float:
     return 1 / (1 + math.exp(-max(-50.0, min(50.0, x))))
 
 
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-12), 1 - 1e-12)
+    return math.log(p / (1 - p))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -168,6 +178,7 @@ def main() -> None:
     told.add_argument("--steps", type=int, default=80)
     anchored = commands.add_parser("anchored", help="the regularised equilibrium's exploitability by temperature")
     anchored.add_argument("--taus", type=float, nargs="+", default=[1.0, 0.65, 0.5, 0.3, 0.2, 0.1])
+    anchored.add_argument("--resets", type=int, default=0, help="then R-NaD's resets: the anchor moved to each one")
     args = parser.parse_args()
     if args.command == "floor":
         value, strategy = least_exploitable_alike(args.restarts)
@@ -182,6 +193,12 @@ def main() -> None:
                 f"{spread:.3f} chips (anchor coefficient {tau / spread:.2f})",
                 {key: round(p, 2) for key, p in strategy.items()},
             )
+            for reset in range(1, args.resets + 1):
+                strategy = regularised_equilibrium(tau, anchor=strategy)
+                print(
+                    f"tau {tau:g} chips, reset {reset}: exploitability {float(exploitability(strategy)):.4f}",
+                    {key: round(p, 2) for key, p in strategy.items()},
+                )
     else:
         probe(args.checkpoint, args.targets, args.lr, args.steps)
 

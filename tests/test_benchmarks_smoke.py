@@ -191,3 +191,15 @@ def test_the_anchors_regularised_equilibrium_nears_kuhns_equilibrium_as_its_temp
     for line in (hot, cold):
         strategy = ast.literal_eval(line[line.index("{") :])
         assert strategy["Kb"] - strategy["Qb"] > 0.3  # facing a bet the King calls, the Queen mixes
+
+
+@pytest.mark.slow
+def test_an_anchor_reset_to_each_regularised_equilibrium_walks_toward_kuhns_equilibrium(tmp_path):
+    """`anchored --resets`: R-NaD's outer loop, the anchor replaced by the regularised equilibrium it led to; at the
+    recipe's temperature each of the first two resets lowers the exploitability the log cites."""
+    arguments = ["anchored", "--taus", "0.5", "--resets", "2"]
+    stdout = run_benchmark("experiments/kuhn_card_reading.py", arguments, tmp_path, "")
+    lines = stdout.splitlines()
+    assert len(lines) == 3 and "exploitability 0.1124" in lines[0]
+    assert "reset 1" in lines[1] and "exploitability 0.0620" in lines[1]
+    assert "reset 2" in lines[2] and "exploitability 0.0404" in lines[2]
