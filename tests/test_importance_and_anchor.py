@@ -1,6 +1,6 @@
 """Stale samples and the KL anchor: truncated importance weights on hand-computed numbers and through a learner
-update, and a reference policy that moves to the current one every `ref_reset_every` updates (also after a
-resume)."""
+update, and a reference policy that moves to the current one every `ref_reset_every` updates, or a fraction
+`ref_mix` of the way there (also after a resume)."""
 
 from __future__ import annotations
 
@@ -105,6 +105,9 @@ def test_on_policy_samples_train_as_without_the_correction(tiny_model_dir, bandi
         ("{ref_kl_coef: [[0, 0.5, 1]]}", "each ref_kl_coef point must be"),
         ("{ref_kl_coef: []}", "a number or a list of"),
         ("{ref_kl_coef: [[0, 0], [10, 0]], ref_reset_every: 5}", "only a ref_kl_coef above 0 uses"),
+        ("{ref_mix: 0.01}", "ref_mix moves the KL reference, which only a ref_kl_coef above 0 uses"),
+        ("{ref_kl_coef: 0.1, ref_mix: 1.5}", "ref_mix must be a finite number from 0 to 1"),
+        ("{ref_kl_coef: 0.1, ref_mix: [[0, 0], [0, 0.1]]}", "ref_mix's updates must be whole numbers"),
     ],
 )
 def test_a_bad_correction_or_anchor_setting_is_refused_in_one_line(args, fragment):
@@ -150,6 +153,38 @@ def test_the_reference_moves_to_the_policy_every_m_updates_and_after_a_resume(ti
     restored.train_step(_bandit_batch(restored, bandit))  # the resumed run's 4th update moves it again
     fourth, reference = _good_logprobs(restored, bandit)
     torch.testing.assert_close(reference, fourth)
+
+
+@pytest.mark.parametrize("lora", [LoraConfig(lora_rank=4, target_modules=["q_proj", "lm_head"]), None])
+def test_a_mixed_reference_moves_its_fraction_of_the_way_from_its_scheduled_start_and_after_a_resume(
+    tiny_model_dir, bandit, lora
+):
+    """`ref_mix: [[1, 0], [2, 0.5]]`: the reference stays the starting policy through update 1 (fraction 0), then
+    moves halfway to the policy's weights after updates 2 and 3, weight by weight; a LoRA reference that was the
+    base model starts as the current adapter with its B zero. A restored learner keeps the mixed weights."""
+
+    def build():
+        return _learner(tiny_model_dir, Reinforce(ref_kl_coef=0.1, ref_mix=[[1, 0.0], [2, 0.5]]), lora=lora)
+
+    learner = build()
+    start = learner.policy.trainable_state()
+    learner.train_step(_bandit_batch(learner, bandit))
+    assert learner.state_dict()["reference"] is None  # fraction 0: not moved
+    expected = start if lora is None else {n: w * 0 if "lora_B." in n else w for n, w in start.items()}
+    for update in (2, 3):
+        learner.train_step(_bandit_batch(learner, bandit))
+        policy = learner.policy.trainable_state()
+        if lora is not None and update == 2:  # its first move: A taken from the policy, B zero
+            expected = {n: w if "lora_B." in n else policy[n] for n, w in expected.items()}
+        expected = {n: (w + policy[n]) / 2 for n, w in expected.items()}
+        reference = learner.state_dict()["reference"]
+        assert set(reference) == set(policy)
+        for name, weight in reference.items():
+            torch.testing.assert_close(weight, expected[name], msg=name)
+    restored = build()
+    restored.load_state_dict(learner.state_dict())
+    for name, weight in restored.state_dict()["reference"].items():
+        torch.testing.assert_close(weight, expected[name], msg=name)
 
 
 def test_a_scheduled_kl_coefficient_moves_linearly_between_its_points_and_resumes_where_it_was(tiny_model_dir, bandit):

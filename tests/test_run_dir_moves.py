@@ -1,8 +1,8 @@
 """A run's own files name its paths absolute or relative to its directory: resumed from another working directory,
 and moved or copied elsewhere, it goes on from where it stopped, keeping its start-of-run evaluation; with its
 newest state cut in half by a lost write, it goes on from the state before. The run is a LoRA warm start with a KL
-penalty whose anchor moves to the policy every step: the penalty starts at zero (it measures the distance from the
-warm start, not the base model), and the moved anchor is saved for the resume."""
+penalty whose anchor moves halfway to the policy every step: the penalty starts at zero (it measures the distance from
+the warm start, not the base model), and the moved anchor is saved for the resume."""
 
 import json
 import shutil
@@ -44,7 +44,7 @@ def test_a_run_moved_elsewhere_resumes_from_another_directory_and_finishes(tiny_
         "warm_start.learning_rate=0.01",  # a few SFT updates that move the adapter well away from the base
         "learner.policy.lora={lora_rank: 4, lora_alpha: 8, target_modules: [q_proj, v_proj, lm_head]}",
         # the KL coefficient scheduled over updates (0.1, 0.2, 0.3 at steps 1-3), resumed where it was
-        "learner.algorithm.args={ref_kl_coef: [[0, 0.1], [2, 0.3]], ref_reset_every: 1, importance_cap: 2.0}",
+        "learner.algorithm.args={ref_kl_coef: [[0, 0.1], [2, 0.3]], ref_mix: 0.5, importance_cap: 2.0}",
         "learner.resume_state.every_steps=1",
         "evaluation.games_at_start=2",
     )
@@ -63,10 +63,10 @@ def test_a_run_moved_elsewhere_resumes_from_another_directory_and_finishes(tiny_
     assert first[keys.REF_KL] < 1e-6  # the penalty measures the distance from the warm start, not the base model
     assert 0.0 <= second[keys.IMPORTANCE_CAPPED_FRACTION] <= 1.0  # stale samples were reweighted
     assert [first[keys.REF_KL_COEF], second[keys.REF_KL_COEF]] == pytest.approx([0.1, 0.2])
-    state = resume.load_part(moved / "state" / "step-2", "learner")
+    before, state = (resume.load_part(moved / "state" / f"step-{step}", "learner") for step in (1, 2))
     assert state["algorithm"] == {"updates": 2}  # step 2 was made by the resumed session
-    for name, weight in state["reference"].items():  # the anchor moved to the policy of step 2, saved for resume
-        torch.testing.assert_close(weight, state["policy"][name], msg=name)
+    for name, weight in state["reference"].items():  # the anchor moved halfway to the policy of step 2, saved
+        torch.testing.assert_close(weight, (before["reference"][name] + state["policy"][name]) / 2, msg=name)
     assert not (launch / "runs" / "moved").exists() and not (other / "runs").exists()  # nothing written elsewhere
 
     # the newest state cut in half, as a disk that lost its last writes leaves it: the run goes on from step 1's

@@ -38,8 +38,9 @@ class GroupBaseline(Reinforce):
         ref_reset_every: int | None = None,
         importance_cap: float | None = None,
         importance_level: Literal["token", "sequence"] = "token",
+        ref_mix: float | list[list[float]] | None = None,
     ):
-        super().__init__(max_generation_len, ref_kl_coef, ref_reset_every, importance_cap, importance_level)
+        super().__init__(max_generation_len, ref_kl_coef, ref_reset_every, importance_cap, importance_level, ref_mix)
         self.scale_by_std = scale_by_std
         self.eps = eps
 

@@ -14,7 +14,9 @@ cap so that one unlikely token cannot dominate a batch (TIS; `importance_level` 
 completion). The KL term (as in GRPO) keeps probability on moves the reference plays, so a move whose value shows
 late (folding a Jack in Kuhn Poker) is still sampled when its gradient arrives. The reference is the warm start;
 with `ref_reset_every` M it becomes the current policy every M updates (a moving anchor, as R-NaD's regularisation
-policy), which damps the cycling of plain self-play without holding the policy near its start for ever.
+policy), which damps the cycling of plain self-play without holding the policy near its start for ever. With
+`ref_mix` f it moves only the fraction f of the way there, in weight space, every M updates (every update when M is
+unset: an exponential average of the policy, magnetic mirror descent's moving magnet); f may be a schedule, as below.
 `ref_kl_coef` may be a schedule instead of one number: points `[[update, coef], ...]`, the coefficient linear between
 them and flat outside (an annealed magnet, as in magnetic mirror descent: the anchor's weight is the temperature of the
 regularised equilibrium self-play settles in, so a strong anchor that lets the policy find the moves' values is
@@ -50,15 +52,18 @@ class Reinforce(BaseAlgo):
         ref_reset_every: int | None = None,
         importance_cap: float | None = None,
         importance_level: Literal["token", "sequence"] = "token",
+        ref_mix: float | list[list[float]] | None = None,
     ):
-        self.ref_kl_schedule = kl_schedule(ref_kl_coef)
+        self.ref_kl_schedule = schedule_points(ref_kl_coef, "ref_kl_coef")
+        self.ref_mix_schedule = None if ref_mix is None else schedule_points(ref_mix, "ref_mix", maximum=1.0)
         if ref_reset_every is not None and ref_reset_every < 1:
             raise ValueError(f"ref_reset_every must be >= 1 or None (the reference stays put), got {ref_reset_every}")
-        if ref_reset_every is not None and not any(coef for _, coef in self.ref_kl_schedule):
-            raise ValueError("ref_reset_every moves the KL reference, which only a ref_kl_coef above 0 uses: set both")
+        moved_by = "ref_reset_every" if ref_reset_every is not None else "ref_mix" if ref_mix is not None else None
+        if moved_by and not any(coef for _, coef in self.ref_kl_schedule):
+            raise ValueError(f"{moved_by} moves the KL reference, which only a ref_kl_coef above 0 uses: set both")
         check_importance(importance_cap, importance_level)
         self.max_generation_len = max_generation_len
-        self.ref_reset_every = ref_reset_every
+        self.ref_reset_every = ref_reset_every if ref_reset_every is not None or ref_mix is None else 1
         self.importance_cap = importance_cap
         self.importance_level = importance_level
         self.updates = 0  # optimizer steps taken, which time the anchor's resets
@@ -95,10 +100,14 @@ class Reinforce(BaseAlgo):
         } | importance_metrics(self.importance_cap, capped, tokens)
 
     def move_anchor(self, policy: TrainablePolicy) -> None:
-        """Count the update; every `ref_reset_every` updates make the current policy the KL reference."""
+        """Count the update; every `ref_reset_every` updates move the KL reference `ref_mix` of the way to the
+        current policy (all the way without `ref_mix`)."""
         self.updates += 1
-        if self.ref_reset_every and self.updates % self.ref_reset_every == 0:
-            policy.reset_reference()
+        if not self.ref_reset_every or self.updates % self.ref_reset_every:
+            return
+        fraction = 1.0 if self.ref_mix_schedule is None else scheduled(self.ref_mix_schedule, self.updates)
+        if fraction > 0:
+            policy.move_reference(fraction)
 
     def ref_kl_coef(self) -> float:
         """The KL coefficient of the next update: `ref_kl_coef`'s schedule at the updates taken so far."""
@@ -121,8 +130,8 @@ class Reinforce(BaseAlgo):
         """Refused with a moving anchor: the reference copy of a sharded model is not sharded."""
         if self.ref_reset_every:
             raise ValueError(
-                "ref_reset_every cannot move the reference of a sharded model (learner.sharding: fsdp); leave it "
-                "unset or use learner.sharding: none"
+                "ref_reset_every and ref_mix cannot move the reference of a sharded model (learner.sharding: fsdp); "
+                "leave them unset or use learner.sharding: none"
             )
 
     def state_dict(self) -> dict[str, Any]:
@@ -134,25 +143,26 @@ class Reinforce(BaseAlgo):
         self.updates = int(state.get("updates", 0))
 
 
-def kl_schedule(ref_kl_coef: float | list[list[float]]) -> list[tuple[int, float]]:
-    """`ref_kl_coef` as `(update, coef)` points: one number is a flat schedule; a list of `[update, coef]` pairs
-    must have updates >= 0 in increasing order and coefficients >= 0."""
-    if is_number(ref_kl_coef):
-        points = [[0, ref_kl_coef]]
-    elif isinstance(ref_kl_coef, list | tuple) and ref_kl_coef:
-        points = ref_kl_coef
+def schedule_points(value: float | list[list[float]], name: str, maximum: float = math.inf) -> list[tuple[int, float]]:
+    """The setting `name` as `(update, value)` points: one number is a flat schedule; a list of `[update, value]`
+    pairs must have updates >= 0 in increasing order and values from 0 to `maximum`."""
+    if is_number(value):
+        points = [[0, value]]
+    elif isinstance(value, list | tuple) and value:
+        points = value
     else:
-        raise ValueError(f"ref_kl_coef must be a number or a list of [update, coef] points, got {ref_kl_coef!r}")
+        raise ValueError(f"{name} must be a number or a list of [update, value] points, got {value!r}")
     schedule = []
     for point in points:
         if not (isinstance(point, list | tuple) and len(point) == 2 and all(is_number(x) for x in point)):
-            raise ValueError(f"each ref_kl_coef point must be [update, coef], got {point!r}")
-        update, coef = point
-        if not math.isfinite(coef) or coef < 0:
-            raise ValueError(f"ref_kl_coef must be a finite number >= 0, got {coef}")
+            raise ValueError(f"each {name} point must be [update, value], got {point!r}")
+        update, number = point
+        if not math.isfinite(number) or not 0 <= number <= maximum:
+            bound = f"from 0 to {maximum:g}" if math.isfinite(maximum) else ">= 0"
+            raise ValueError(f"{name} must be a finite number {bound}, got {number}")
         if update < 0 or int(update) != update or (schedule and update <= schedule[-1][0]):
-            raise ValueError(f"ref_kl_coef's updates must be whole numbers >= 0, increasing: got {ref_kl_coef!r}")
-        schedule.append((int(update), float(coef)))
+            raise ValueError(f"{name}'s updates must be whole numbers >= 0, increasing: got {value!r}")
+        schedule.append((int(update), float(number)))
     return schedule
 
 

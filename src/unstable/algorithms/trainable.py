@@ -44,11 +44,12 @@ class TrainablePolicy(Protocol):
         """Token log-probs of `batch` (with gradients unless under `torch.no_grad`), plus what is asked for."""
 
     def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
-        """Token log-probs of `batch` under the frozen reference policy (the warm start, unless `reset_reference`
+        """Token log-probs of `batch` under the frozen reference policy (the warm start, unless `move_reference`
         moved it), `(B, L-1)`, no gradient."""
 
-    def reset_reference(self) -> None:
-        """Make the current policy the reference `reference_logprobs` scores with (a moving KL anchor)."""
+    def move_reference(self, fraction: float = 1.0) -> None:
+        """Move the reference `reference_logprobs` scores with `fraction` of the way to the current policy (1: make
+        the current policy the reference; a moving KL anchor)."""
 
     def track_ratios(self, logprobs: torch.Tensor, batch: TokenBatch) -> None:
         """Record the importance ratios `exp(logprobs - behaviour)` of the batch's completion tokens."""

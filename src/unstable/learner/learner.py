@@ -118,9 +118,9 @@ class Learner:
         """Token log-probs of `batch` under the warm start (see `PolicyModel.reference_logprobs`)."""
         return self.policy.reference_logprobs(batch)
 
-    def reset_reference(self) -> None:
-        """Make the current policy the KL reference (see `PolicyModel.reset_reference`)."""
-        self.policy.reset_reference()
+    def move_reference(self, fraction: float = 1.0) -> None:
+        """Move the KL reference `fraction` of the way to the current policy (see `PolicyModel.move_reference`)."""
+        self.policy.move_reference(fraction)
 
     @torch.no_grad()
     def track_ratios(self, logprobs: torch.Tensor, batch: TokenBatch) -> None:

@@ -60,7 +60,7 @@ class PolicyModel:
         self.tokenizer = None
         self._reference = None  # frozen full model for `reference_logprobs` (full fine-tuning only)
         self._reference_adapter = None  # frozen adapter weights of the LoRA reference (the initial adapter or moved)
-        self._reference_moved = False  # whether `reset_reference` replaced the starting policy as the reference
+        self._reference_moved = False  # whether `move_reference` moved the reference off the starting policy
         self._adapter_parameters = (None, [])  # (the model, its LoRA parameters by served name): `_adapter_tensors`
 
     def load(self, on_device: bool = True) -> None:
@@ -144,10 +144,10 @@ class PolicyModel:
     @torch.no_grad()
     def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
         """Token log-probs of `batch` under the reference policy, `(B, L-1)`: the run's starting policy until
-        `reset_reference` makes the weights of that moment the reference.
+        `move_reference` moves it toward the weights of that moment.
 
         With LoRA: the base model plus the reference adapter (`cfg.initial_lora_path` copied when loaded, so a
-        resumed run keeps it as its reference, or the adapter `reset_reference` copied), or with neither the base
+        resumed run keeps it as its reference, or the adapter `move_reference` moved), or with neither the base
         model with the adapter disabled. Fully fine-tuned: a frozen second model, the weights at `model_path` (the
         warm start of such a run) loaded once more on first use, in the trainable weights' dtype so that it equals
         the policy at the start.
@@ -170,19 +170,39 @@ class PolicyModel:
         return self._reference
 
     @torch.no_grad()
-    def reset_reference(self) -> None:
-        """Make the current trainable weights the reference policy (a moving KL anchor)."""
-        self.load_reference_state(self.trainable_state())
+    def move_reference(self, fraction: float = 1.0) -> None:
+        """Move the reference policy `fraction` of the way to the current trainable weights, weight by weight (1:
+        make them the reference; a moving KL anchor). With LoRA the adapter's A and B move each, so a fraction
+        under 1 moves the reference's weight change B @ A only about that far; a reference that is still the base
+        model (no initial adapter) starts as the current adapter with its B zero, which is the base model."""
+        if self.cfg.lora is not None and self._reference_adapter is None:
+            self._reference_adapter = {
+                name: torch.nn.Parameter(torch.zeros_like(w) if _is_lora_b(name) else w.clone(), requires_grad=False)
+                for name, w in self.trainable_state().items()
+            }
+        reference = self._reference_weights()
+        for name, weight in self.model.named_parameters():
+            if name not in reference:
+                continue
+            if fraction < 1:
+                reference[name].lerp_(weight, fraction)
+            else:
+                reference[name].copy_(weight)
+        self._reference_moved = True
+
+    def _reference_weights(self) -> dict[str, torch.Tensor]:
+        """The reference's counterparts of the trainable weights, by name (the tensors themselves, not copies)."""
+        if self.cfg.lora is not None:
+            return self._reference_adapter
+        weights = dict(self._reference_model().named_parameters())
+        return {name: weights[name] for name, _ in self.model.named_parameters()}
 
     def reference_state(self) -> dict[str, torch.Tensor] | None:
-        """CPU copies of the reference's trainable weights once `reset_reference` moved it, for resume; None while it
+        """CPU copies of the reference's trainable weights once `move_reference` moved it, for resume; None while it
         is the starting policy (which loading rebuilds)."""
         if not self._reference_moved:
             return None
-        if self.cfg.lora is not None:
-            return {name: w.detach().cpu().clone() for name, w in self._reference_adapter.items()}
-        weights = dict(self._reference_model().named_parameters())
-        return {name: weights[name].detach().cpu().clone() for name, _ in self.model.named_parameters()}
+        return {name: w.detach().cpu().clone() for name, w in self._reference_weights().items()}
 
     @torch.no_grad()
     def load_reference_state(self, state: dict[str, torch.Tensor] | None) -> None:
@@ -417,3 +437,8 @@ def _parameters_replaced(model: torch.nn.Module, values: dict[str, torch.nn.Para
 def _set_parameter(model: torch.nn.Module, name: str, value: torch.nn.Parameter) -> None:
     module, _, attribute = name.rpartition(".")
     setattr(model.get_submodule(module), attribute, value)
+
+
+def _is_lora_b(name: str) -> bool:
+    """Whether the adapter weight `name` is a LoRA B matrix (zero B: the adapter changes nothing)."""
+    return "lora_B." in name or "lora_embedding_B." in name
