@@ -116,6 +116,16 @@ def test_a_bad_correction_or_anchor_setting_is_refused_in_one_line(args, fragmen
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize("anchor", ["ref_reset_every: 10", "ref_mix: 0.01"])
+def test_a_moving_anchor_is_refused_with_a_sharded_model(anchor):
+    """The reference copy of an FSDP-sharded model is not sharded, so neither reset nor mix can move it."""
+    sharded = ["learner.sharding=fsdp", "learner.policy.lora=null", "learner.num_learners=2"]
+    args = f"learner.algorithm.args={{ref_kl_coef: 0.1, {anchor}}}"
+    with pytest.raises(ConfigError, match="cannot move the reference of a sharded model") as refused:
+        load_config(EXAMPLE, [*sharded, args])
+    assert "\n" not in str(refused.value)
+
+
 # --- the moving anchor -------------------------------------------------------------------------------------------
 
 
