@@ -63,7 +63,7 @@ class Reinforce(BaseAlgo):
             raise ValueError(f"{moved_by} moves the KL reference, which only a ref_kl_coef above 0 uses: set both")
         check_importance(importance_cap, importance_level)
         self.max_generation_len = max_generation_len
-        self.ref_reset_every = ref_reset_every if ref_reset_every is not None or ref_mix is None else 1
+        self.ref_reset_every = ref_reset_every or (1 if ref_mix is not None else None)  # ref_mix alone: every update
         self.importance_cap = importance_cap
         self.importance_level = importance_level
         self.updates = 0  # optimizer steps taken, which time the anchor's resets
