@@ -150,6 +150,11 @@ def measure_loop(cfg) -> dict:
         "recommendation": recommendation(balance),
         "peak_rss_gb": memory.peak_bytes / 1e9,
         "last_checkpoint": str(Path(summary.run_dir) / "checkpoints" / f"ckpt-{steps}"),
+        # every row as it arrived: to find where a start cost (a compile, say) ended after the run
+        "timeline": [
+            {"s": s, "learner_step": r.get("learner/step"), "tokens": r.get("inference/generated_tokens", 0)}
+            for s, r in zip(arrived, rows)
+        ],
     }
 
 

@@ -32,6 +32,7 @@ SMOKES = {
         "decode_profile.json",
         "engine_ms",
     ),
+    "experiments/decode_attention.py": (["--smoke", "--out", f"{TMP}/attention.json"], "attention.json", "us/layer"),
     "experiments/loop_gap.py": (
         ["--smoke", "--model", TINY, "--rounds", "1", "--out", f"{TMP}/loop_gap.json"],
         "loop_gap.json",
