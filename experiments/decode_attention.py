@@ -41,7 +41,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "experiments" / "results" / "decode_attention.json"))
     parser.add_argument("--smoke", action="store_true", help="CPU-sized shapes and repeats (shows that it runs)")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128])
+    parser.add_argument("--batches", type=int, nargs="+", default=[128, 32, 1])
     parser.add_argument("--lengths", type=int, nargs="+", default=[288], help="columns read (length buckets)")
     parser.add_argument("--layers", type=int, default=28)
     parser.add_argument("--repeats", type=int, default=20)
@@ -148,7 +148,40 @@ def time_way(name: str, batch: int, length: int, args, shape: dict, device: str,
     return statistics.median(times), first
 
 
+def measure_batch(batch: int, length: int, args, shape: dict, device: str, dtype) -> list[dict]:
+    """One row per way at `batch` rows over `length` columns (a way that fails records its error)."""
+    kv_bytes = 2 * batch * length * shape["kv_heads"] * shape["head_dim"] * torch.finfo(dtype).bits // 8
+    rows, reference = [], None
+    for name in WAYS:
+        try:
+            seconds, out = time_way(name, batch, length, args, shape, device, dtype)
+        except Exception as exc:  # noqa: BLE001 - recorded (flex_attention fails to compile on some CPUs)
+            rows.append({"way": name, "batch": batch, "length": length, "error": repr(exc)[:300]})
+            print(f"{name:<28} B={batch:<4} L={length:<5} failed: {repr(exc)[:120]}", flush=True)
+            continue
+        reference = out if reference is None else reference
+        error = (out.float() - reference.float()).abs().max().item()
+        gb_per_s = kv_bytes / seconds / 1e9
+        rows.append(
+            {
+                "way": name,
+                "batch": batch,
+                "length": length,
+                "us_per_layer": seconds * 1e6,
+                "kv_gb_per_s": gb_per_s,
+                "max_abs_diff": error,
+            }
+        )
+        print(
+            f"{name:<28} B={batch:<4} L={length:<5} {seconds * 1e6:9.1f} us/layer {gb_per_s:8.1f} GB/s  "
+            f"diff {error:.2e}",
+            flush=True,
+        )
+    return rows
+
+
 def main() -> None:
+    """Every way at every batch and length, the JSON written after each batch."""
     args = parse_args()
     cuda = torch.cuda.is_available() and not args.smoke
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
@@ -156,38 +189,9 @@ def main() -> None:
     if args.smoke:
         shape |= {"kv_heads": 2, "head_dim": 16}
         args.batches, args.lengths, args.layers, args.repeats = [1, 4], [32], 2, 2
-    rows = []
-    for length in args.lengths:
-        for batch in args.batches:
-            kv_bytes = 2 * batch * length * shape["kv_heads"] * shape["head_dim"] * torch.finfo(dtype).bits // 8
-            reference = None
-            for name in WAYS:
-                try:
-                    seconds, out = time_way(name, batch, length, args, shape, device, dtype)
-                except Exception as exc:  # noqa: BLE001 - recorded (flex_attention fails to compile on some CPUs)
-                    rows.append({"way": name, "batch": batch, "length": length, "error": repr(exc)[:300]})
-                    print(f"{name:<28} B={batch:<4} L={length:<5} failed: {repr(exc)[:120]}", flush=True)
-                    continue
-                reference = out if reference is None else reference
-                error = (out.float() - reference.float()).abs().max().item()
-                rows.append(
-                    {
-                        "way": name,
-                        "batch": batch,
-                        "length": length,
-                        "us_per_layer": seconds * 1e6,
-                        "kv_gb_per_s": kv_bytes / seconds / 1e9,
-                        "max_abs_diff": error,
-                    }
-                )
-                print(
-                    f"{name:<28} B={batch:<4} L={length:<5} {seconds * 1e6:9.1f} us/layer "
-                    f"{kv_bytes / seconds / 1e9:8.1f} GB/s  diff {error:.2e}",
-                    flush=True,
-                )
-    device_name = torch.cuda.get_device_name(0) if cuda else "cpu"
+    rows: list[dict] = []
     result = {
-        "device": device_name,
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
         "torch": torch.__version__,
         "dtype": str(dtype),
         "shape": shape,
@@ -195,8 +199,12 @@ def main() -> None:
         "repeats": args.repeats,
         "rows": rows,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for length in args.lengths:
+        for batch in args.batches:
+            rows += measure_batch(batch, length, args, shape, device, dtype)
+            out.write_text(json.dumps(result, indent=1))  # after every batch: a run cut short keeps its rows
     print(f"wrote {args.out}")
 
 
