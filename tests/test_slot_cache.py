@@ -162,7 +162,7 @@ def test_the_compiled_step_is_compiled_once_per_lora_state_whatever_the_batch_an
     tiny_model_dir, adapter, monkeypatch
 ):
     """The loop's engine meets every batch bucket and context length, the cache growing, adapters arriving and a
-    second adapter widening the LoRA slots: its compiled step is traced once without adapters and once with them.
+    second adapter widening the LoRA slots: its compiled layer is traced once without adapters and once with them.
     (A compile takes tens of seconds on a GPU machine for a 28-layer model: the compiled loop of benchmarks/gpu.py
     had not made its 8 learner steps after 280 s.) Compiled with the aot_eager backend: dynamo's and AOT autograd's
     guards, not inductor's code."""
@@ -188,6 +188,35 @@ def test_the_compiled_step_is_compiled_once_per_lora_state_whatever_the_batch_an
             batch.step()
     assert counters["stats"]["unique_graphs"] == 2
     torch._dynamo.reset()
+
+
+def test_the_compiled_step_traces_one_decoder_layer_whatever_the_depth(tiny_model_dir, tmp_path, monkeypatch):
+    """The compiled step is one decoder layer compiled once and run by every layer: what dynamo traces does not
+    grow with the model's depth. (The whole pass compiled took minutes for the 28-layer Qwen3-0.6B shape with
+    adapters on an H200: the first LoRA checkpoint stalled the loop's engine past benchmarks/gpu.py's time.)"""
+    from torch._dynamo.utils import counters
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from unstable.inference import slot_cache
+
+    compile = torch.compile
+    monkeypatch.setattr(slot_cache.torch, "compile", lambda fn, **options: compile(fn, backend="aot_eager", **options))
+    traced = {}
+    for layers in (2, 4):
+        config = AutoConfig.from_pretrained(tiny_model_dir, num_hidden_layers=layers)
+        if getattr(config, "layer_types", None):
+            config.layer_types = config.layer_types[:1] * layers
+        deeper = tmp_path / f"layers-{layers}"
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(config).save_pretrained(deeper)
+        AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(deeper)
+        torch._dynamo.reset()
+        counters.clear()
+        backend = TransformersBackend(str(deeper), SamplingConfig(4, 1.0), cuda_graphs=True, compile=True)
+        backend.generate([GenerationRequest(PROMPTS[0])])
+        traced[layers] = counters["stats"]["calls_captured"]
+    torch._dynamo.reset()
+    assert traced[2] == traced[4] > 0
 
 
 def test_full_weights_loaded_in_place_reach_the_fused_projections(tiny_model_dir):

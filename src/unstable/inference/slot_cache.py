@@ -11,8 +11,9 @@ query, key and value projections one matrix product and its MLP's gate and up pr
 It reads the first `Lb` columns of the first `Bb` slots, `Bb` and `Lb` the batch and length buckets at or above the
 batch's rows and its longest context, each row attending to its own columns through a mask. On a GPU the step for each
 (Bb, Lb) is captured once as a CUDA graph and replayed: one launch instead of ~1,600 kernel launches whose CPU time
-bound the step (experiments/log.md, the H100 entry). With `compile` the pass is compiled by `torch.compile` first (fused
-elementwise kernels: fewer, shorter kernels in each graph). On the CPU the same pass runs eagerly on the exact batch.
+bound the step (experiments/log.md, the H100 entry). With `compile` its decoder layer is compiled by `torch.compile`
+first, one function run by every layer (`decoder_layer`: fused elementwise kernels, fewer and shorter in each graph;
+one compile whatever the depth). On the CPU the same pass runs eagerly on the exact batch.
 """
 
 from __future__ import annotations
@@ -88,13 +89,16 @@ def _fused(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor |
     return weight, bias
 
 
-def slot_forward(model, fused, tokens, positions, keys, values, length: int, first: int = 0, last=None) -> torch.Tensor:
+def slot_forward(
+    model, fused, tokens, positions, keys, values, length: int, first: int = 0, last=None, layer_step=None
+) -> torch.Tensor:
     """Logits `(B, V)` of the rows in slots `first`..`first + B - 1`: row b's tokens `tokens[b]` `(B, T)` at positions
     `positions[b]` of its slot, the logits those of its token `last[b]` (None: its last; a decode step is T = 1). Writes
     every token's key and value into `keys`, `values` (a `(slots, columns, kv_heads, head_dim)` tensor per layer: a
     whole tensor written in place, which `torch.compile` keeps in place; a slice of one cache tensor it copied whole at
     every step) at its position, and each token attends over its slot's first `length` columns, those up to its
-    position. `fused` holds each layer's concatenated projections (`fuse_projections`)."""
+    position. `fused` holds each layer's concatenated projections (`fuse_projections`); `layer_step` runs a layer
+    (default `decoder_layer`; the compiled step passes it compiled)."""
     decoder, config = model.model, model.config
     batch, width = tokens.shape
     slots = (first + torch.arange(batch, device=tokens.device))[:, None].expand(batch, width)  # (B, T)
@@ -104,14 +108,24 @@ def slot_forward(model, fused, tokens, positions, keys, values, length: int, fir
     mask = torch.zeros(visible.shape, dtype=hidden.dtype, device=hidden.device).masked_fill(~visible, -torch.inf)
     groups = config.num_attention_heads // config.num_key_value_heads
     mask = mask[:, None, :, None].expand(-1, -1, -1, groups, -1).reshape(batch, 1, width * groups, length)
-    at, rows = (slots, positions), slice(first, first + batch)
+    step = layer_step or decoder_layer
     for index, layer in enumerate(decoder.layers):
-        attend = (keys[index], values[index], at, mask, rows, length)
-        x = _normed(layer.input_layernorm, hidden)
-        hidden = hidden + _attention(layer.self_attn, fused[index]["self_attn"], x, cos, sin, *attend)
-        hidden = hidden + _mlp(layer.mlp, fused[index]["mlp"], _normed(layer.post_attention_layernorm, hidden))
+        hidden = step(
+            layer, fused[index], hidden, cos, sin, keys[index], values[index], slots, positions, mask, first, length
+        )
     picked = hidden[:, -1:] if last is None else hidden[torch.arange(batch, device=hidden.device), last][:, None]
     return model.lm_head(_normed(decoder.norm, picked))[:, 0]  # (B, V); a LoRA layer takes (B, T, H)
+
+
+def decoder_layer(layer, fused, hidden, cos, sin, keys, values, slots, positions, mask, first: int, length: int):
+    """`hidden` `(B, T, H)` after one decoder layer of `slot_forward` (its arguments, for this layer). One function
+    for every layer, so that `torch.compile` compiles it once for them all (`SlotCache`): compiling the whole pass
+    took minutes for a 28-layer model with adapters (the first LoRA checkpoint stalled the loop's engine)."""
+    rows = slice(first, first + hidden.shape[0])
+    attend = (keys, values, (slots, positions), mask, rows, length)
+    x = _normed(layer.input_layernorm, hidden)
+    hidden = hidden + _attention(layer.self_attn, fused["self_attn"], x, cos, sin, *attend)
+    return hidden + _mlp(layer.mlp, fused["mlp"], _normed(layer.post_attention_layernorm, hidden))
 
 
 def _projected(x: torch.Tensor, fused, modules: list) -> list[torch.Tensor]:
@@ -169,7 +183,7 @@ def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Ten
 class SlotCache:
     """The running batch's KV cache as preallocated slots (see the module docstring); with `graphs` each decode step
     runs at its (batch, length) bucket's static shape, captured as a CUDA graph on a GPU (on the CPU run eagerly,
-    for tests), and `compile` compiles the step first. `attention` lists the attention
+    for tests), and `compile` compiles its decoder layer first. `attention` lists the attention
     kernels the step may use; `lora` is the model's batched LoRA (a graph is captured again when its tensors are
     replaced)."""
 
@@ -181,7 +195,7 @@ class SlotCache:
         self.lora = lora
         self.graphs = graphs
         self.compiled = compile
-        self.forward = torch.compile(slot_forward, dynamic=True) if compile else slot_forward
+        self.layer_step = _compiled(decoder_layer) if compile else decoder_layer
         config = model.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.row_shape = (config.num_key_value_heads, head_dim)
@@ -255,13 +269,8 @@ class SlotCache:
             logits = self._replay(tokens, batch, length)
         else:
             with sdpa_kernel(self.attention):
-                args = (
-                    *self._rows(tokens[:, None], self.position_buffer[:batch, None]),
-                    self.keys,
-                    self.values,
-                    length,
-                )
-                logits = self.forward(self.model, self.fused, *args)
+                args = (tokens[:, None], self.position_buffer[:batch, None], self.keys, self.values, length)
+                logits = slot_forward(self.model, self.fused, *args, layer_step=self.layer_step)
         self.position_buffer[:batch] += 1
         self.positions = [p + 1 for p in self.positions]
         return logits
@@ -314,13 +323,6 @@ class SlotCache:
                     torch._dynamo.maybe_mark_dynamic(tensor, dim)
         self._marked_for = (self._generation, self.lora.version)
 
-    def _rows(self, tokens: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A step's per-row inputs, their row count marked as changing when the step is compiled."""
-        if self.compiled:
-            torch._dynamo.maybe_mark_dynamic(tokens, 0)
-            torch._dynamo.maybe_mark_dynamic(positions, 0)
-        return tokens, positions
-
     def _zeros(self, slots: int, width: int) -> list[torch.Tensor]:
         shape = (slots, width, *self.row_shape)
         return [torch.zeros(shape, dtype=self.model.dtype, device=self.device) for _ in range(self.layers)]
@@ -356,12 +358,11 @@ class SlotCache:
         """The step of `bucket` rows over `length` columns as a CUDA graph (captured after two warm-up runs on a side
         stream, which compile it if it is compiled and write the same keys and values the replay then writes); on
         the CPU the same step, run eagerly at each replay."""
-        rows = self._rows(self.token_buffer[:bucket, None], self.position_buffer[:bucket, None])
-        args = (*rows, self.keys, self.values, length)
+        args = (self.token_buffer[:bucket, None], self.position_buffer[:bucket, None], self.keys, self.values, length)
 
         def step():
             with sdpa_kernel(self.attention):
-                self.logit_buffer[:bucket] = self.forward(self.model, self.fused, *args)
+                self.logit_buffer[:bucket] = slot_forward(self.model, self.fused, *args, layer_step=self.layer_step)
 
         if not self.device.startswith("cuda"):
             return _Uncaptured(step)
@@ -375,6 +376,19 @@ class SlotCache:
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             step()
         return graph
+
+
+def _compiled(layer_step):
+    """`layer_step` compiled by `torch.compile` for any number of rows: each call marks its per-row tensors' first
+    size as changing (dynamo took the first count it met as a constant, and compiled again at the next)."""
+    compiled = torch.compile(layer_step, dynamic=True)
+
+    def step(layer, fused, hidden, cos, sin, keys, values, slots, positions, mask, first: int, length: int):
+        for per_row in (hidden, cos, sin, slots, positions, mask):
+            torch._dynamo.maybe_mark_dynamic(per_row, 0)
+        return compiled(layer, fused, hidden, cos, sin, keys, values, slots, positions, mask, first, length)
+
+    return step
 
 
 class _Uncaptured:
