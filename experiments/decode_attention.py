@@ -45,6 +45,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lengths", type=int, nargs="+", default=[288], help="columns read (length buckets)")
     parser.add_argument("--layers", type=int, default=28)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--ways", nargs="+", choices=list(WAYS), default=list(WAYS), help="the ways to time")
     return parser.parse_args()
 
 
@@ -152,7 +153,7 @@ def measure_batch(batch: int, length: int, args, shape: dict, device: str, dtype
     """One row per way at `batch` rows over `length` columns (a way that fails records its error)."""
     kv_bytes = 2 * batch * length * shape["kv_heads"] * shape["head_dim"] * torch.finfo(dtype).bits // 8
     rows, reference = [], None
-    for name in WAYS:
+    for name in args.ways:
         try:
             seconds, out = time_way(name, batch, length, args, shape, device, dtype)
         except Exception as exc:  # noqa: BLE001 - recorded (flex_attention fails to compile on some CPUs)

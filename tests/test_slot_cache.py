@@ -202,7 +202,7 @@ def test_the_compiled_step_traces_one_decoder_layer_whatever_the_depth(tiny_mode
     compile = torch.compile
     monkeypatch.setattr(slot_cache.torch, "compile", lambda fn, **options: compile(fn, backend="aot_eager", **options))
     traced = {}
-    for layers in (2, 4):
+    for layers in (1, 2):
         config = AutoConfig.from_pretrained(tiny_model_dir, num_hidden_layers=layers)
         if getattr(config, "layer_types", None):
             config.layer_types = config.layer_types[:1] * layers
@@ -216,7 +216,7 @@ def test_the_compiled_step_traces_one_decoder_layer_whatever_the_depth(tiny_mode
         backend.generate([GenerationRequest(PROMPTS[0])])
         traced[layers] = counters["stats"]["calls_captured"]
     torch._dynamo.reset()
-    assert traced[2] == traced[4] > 0
+    assert traced[1] == traced[2] > 0
 
 
 def test_full_weights_loaded_in_place_reach_the_fused_projections(tiny_model_dir):
