@@ -89,34 +89,6 @@ def _fused(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor |
     return weight, bias
 
 
-def slot_forward(
-    model, fused, tokens, positions, keys, values, length: int, first: int = 0, last=None, layer_step=None
-) -> torch.Tensor:
-    """Logits `(B, V)` of the rows in slots `first`..`first + B - 1`: row b's tokens `tokens[b]` `(B, T)` at positions
-    `positions[b]` of its slot, the logits those of its token `last[b]` (None: its last; a decode step is T = 1). Writes
-    every token's key and value into `keys`, `values` (a `(slots, columns, kv_heads, head_dim)` tensor per layer: a
-    whole tensor written in place, which `torch.compile` keeps in place; a slice of one cache tensor it copied whole at
-    every step) at its position, and each token attends over its slot's first `length` columns, those up to its
-    position. `fused` holds each layer's concatenated projections (`fuse_projections`); `layer_step` runs a layer
-    (default `decoder_layer`; the compiled step passes it compiled)."""
-    decoder, config = model.model, model.config
-    batch, width = tokens.shape
-    slots = (first + torch.arange(batch, device=tokens.device))[:, None].expand(batch, width)  # (B, T)
-    hidden = decoder.embed_tokens(tokens)  # (B, T, H)
-    cos, sin = (t[:, :, None] for t in decoder.rotary_emb(hidden, positions))  # (B, T, 1, head_dim): every head
-    visible = torch.arange(length, device=tokens.device) <= positions[:, :, None]  # (B, T, Lb)
-    mask = torch.zeros(visible.shape, dtype=hidden.dtype, device=hidden.device).masked_fill(~visible, -torch.inf)
-    groups = config.num_attention_heads // config.num_key_value_heads
-    mask = mask[:, None, :, None].expand(-1, -1, -1, groups, -1).reshape(batch, 1, width * groups, length)
-    step = layer_step or decoder_layer
-    for index, layer in enumerate(decoder.layers):
-        hidden = step(
-            layer, fused[index], hidden, cos, sin, keys[index], values[index], slots, positions, mask, first, length
-        )
-    picked = hidden[:, -1:] if last is None else hidden[torch.arange(batch, device=hidden.device), last][:, None]
-    return model.lm_head(_normed(decoder.norm, picked))[:, 0]  # (B, V); a LoRA layer takes (B, T, H)
-
-
 def decoder_layer(layer, fused, hidden, cos, sin, keys, values, slots, positions, mask, first: int, length: int):
     """`hidden` `(B, T, H)` after one decoder layer of `slot_forward` (its arguments, for this layer). One function
     for every layer, so that `torch.compile` compiles it once for them all (`SlotCache`): compiling the whole pass
@@ -126,6 +98,33 @@ def decoder_layer(layer, fused, hidden, cos, sin, keys, values, slots, positions
     x = _normed(layer.input_layernorm, hidden)
     hidden = hidden + _attention(layer.self_attn, fused["self_attn"], x, cos, sin, *attend)
     return hidden + _mlp(layer.mlp, fused["mlp"], _normed(layer.post_attention_layernorm, hidden))
+
+
+def slot_forward(
+    model, fused, tokens, positions, keys, values, length: int, first: int = 0, last=None, layer_step=decoder_layer
+) -> torch.Tensor:
+    """Logits `(B, V)` of the rows in slots `first`..`first + B - 1`: row b's tokens `tokens[b]` `(B, T)` at positions
+    `positions[b]` of its slot, the logits those of its token `last[b]` (None: its last; a decode step is T = 1). Writes
+    every token's key and value into `keys`, `values` (a `(slots, columns, kv_heads, head_dim)` tensor per layer: a
+    whole tensor written in place, which `torch.compile` keeps in place; a slice of one cache tensor it copied whole at
+    every step) at its position, and each token attends over its slot's first `length` columns, those up to its
+    position. `fused` holds each layer's concatenated projections (`fuse_projections`); `layer_step` runs a layer
+    (`decoder_layer`, or it compiled)."""
+    decoder, config = model.model, model.config
+    batch, width = tokens.shape
+    slots = (first + torch.arange(batch, device=tokens.device))[:, None].expand(batch, width)  # (B, T)
+    hidden = decoder.embed_tokens(tokens)  # (B, T, H)
+    cos, sin = (t[:, :, None] for t in decoder.rotary_emb(hidden, positions))  # (B, T, 1, head_dim): every head
+    visible = torch.arange(length, device=tokens.device) <= positions[:, :, None]  # (B, T, Lb)
+    mask = torch.zeros(visible.shape, dtype=hidden.dtype, device=hidden.device).masked_fill(~visible, -torch.inf)
+    groups = config.num_attention_heads // config.num_key_value_heads
+    mask = mask[:, None, :, None].expand(-1, -1, -1, groups, -1).reshape(batch, 1, width * groups, length)
+    for index, layer in enumerate(decoder.layers):
+        hidden = layer_step(
+            layer, fused[index], hidden, cos, sin, keys[index], values[index], slots, positions, mask, first, length
+        )
+    picked = hidden[:, -1:] if last is None else hidden[torch.arange(batch, device=hidden.device), last][:, None]
+    return model.lm_head(_normed(decoder.norm, picked))[:, 0]  # (B, V); a LoRA layer takes (B, T, H)
 
 
 def _projected(x: torch.Tensor, fused, modules: list) -> list[torch.Tensor]:
