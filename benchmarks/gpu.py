@@ -27,7 +27,8 @@ time; on one H100 they add up to under 8 minutes (plus building the model, once)
   T x T, 2 L d T^2 forward, 3x that with backward; embedding lookups cost none). Gradient checkpointing's second
   forward is not counted (model FLOPs, not hardware FLOPs).
 - `loop_over_bare`: generated tokens/s of the whole loop (`unstable train` on Ray, engine and learner sharing the
-  GPU 0.5 + 0.5 as in the example, mirror self-play, counted after learner step 1: `loop.measure_loop`) over the
+  GPU 0.5 + 0.5 as in the example, mirror self-play, counted after learner step 1 and a pause of the engine right
+  after it, if any, as a compiled engine's at the first adapter: `loop.measure_loop`) over the
   bare engine's at the same concurrency (the collector's games in flight) on the prompts the loop serves (a
   random-weight model's games never pass the opening prompt: `loop.game_prompts`), serving the run's last LoRA
   adapter as the loop does (`loop.measure_bare`; the base model's figure is in `bare` too).

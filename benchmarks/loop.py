@@ -105,10 +105,21 @@ def concurrency_run(args, workers: int, main_loop: dict) -> dict:
     return main_loop if (workers, steps) == (args.workers, args.steps) else run_loop(args, workers, steps)
 
 
+def warm_up_end(rows: list[dict]) -> int:
+    """The index of the row that ends the loop's warm-up: learner step 1's (Ray start, model load, the first batch),
+    or the last of the rows without a generated token right after it, when the engine paused there (a compiled
+    engine compiles its step again when the first adapter arrives) and served again before the run ended."""
+    first = next(i for i, r in enumerate(rows) if r.get("learner/step") == 1)
+    end = first
+    while end + 1 < len(rows) and rows[end + 1].get("inference/generated_tokens", 0) == 0:
+        end += 1
+    return end if end + 1 < len(rows) else first
+
+
 def measure_loop(cfg) -> dict:
-    """The whole loop of `cfg` (`unstable train`) on Ray. Throughput counts every game and token after learner
-    step 1 (the warm-up: Ray start, model load, the first batch) up to the last row; the first learner step's
-    time counts from the call. `cfg` needs at least 2 learner steps."""
+    """The whole loop of `cfg` (`unstable train`) on Ray. Throughput counts every game and token after the warm-up
+    (`warm_up_end`) up to the last row; the first learner step's time counts from the call. `cfg` needs at least 2
+    learner steps."""
     from unstable.runtime import train
     from unstable.tracking import keys
     from unstable.tracking.balance import recommendation, run_balance
@@ -123,8 +134,9 @@ def measure_loop(cfg) -> dict:
     with PeakMemory() as memory:
         summary = train(cfg, on_row=on_row)
     first = next(i for i, r in enumerate(rows) if r.get("learner/step") == 1)
-    steady = rows[first + 1 :]
-    seconds = arrived[-1] - arrived[first]
+    warm = warm_up_end(rows)
+    steady = rows[warm + 1 :]
+    seconds = arrived[-1] - arrived[warm]
     steps = cfg.learner.num_steps
     updates = [r for r in steady if keys.UPDATE_SECONDS in r]
     balance = run_balance(rows)  # over the same steps: those after the first
@@ -133,6 +145,7 @@ def measure_loop(cfg) -> dict:
         "load_average": os.getloadavg()[0],  # the machine's 1-minute load when the run ended
         "wall_s": time.perf_counter() - start,
         "first_learner_step_s": arrived[first],
+        "paused_after_first_step_s": arrived[warm] - arrived[first],  # the engine serving nothing after step 1
         "games_per_s": sum(r["collector/train_games"] for r in steady) / seconds,
         "tokens_per_s": sum(r["inference/generated_tokens"] for r in steady) / seconds,
         "mean_batch": statistics.mean(r["inference/mean_batch_size"] for r in steady),

@@ -48,3 +48,18 @@ def test_the_gpu_benchmark_smoke_run_writes_every_row_as_a_fraction(tiny_model_d
     assert result["nominal_peaks"] is True  # CPU figures are round numbers, never passed off as measured peaks
     for kind in ("lora", "full"):  # a zero gradient would make the learner's time (and MFU) meaningless
         assert result["learner"][kind]["grad_norm"] > 0
+
+
+def test_the_loop_is_counted_from_the_end_of_an_engine_pause_right_after_its_first_step():
+    """A compiled engine compiles its step again when the first adapter arrives and serves nothing meanwhile: the
+    loop's throughput counts from the end of that pause, when the engine served again before the run ended."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from loop import warm_up_end
+
+    def row(step, tokens):
+        return ({"learner/step": step} if step is not None else {}) | {"inference/generated_tokens": tokens}
+
+    assert warm_up_end([row(0, 0), row(1, 5), row(2, 7), row(3, 9)]) == 1  # no pause: after step 1
+    assert warm_up_end([row(0, 0), row(1, 5), row(2, 0), row(3, 0), row(4, 8), row(5, 9)]) == 3
+    assert warm_up_end([row(0, 0), row(1, 5), row(2, 0), row(None, 3)]) == 2  # a last row without a step counts
+    assert warm_up_end([row(0, 0), row(1, 5), row(2, 0), row(3, 0)]) == 1  # paused to the end: after step 1
