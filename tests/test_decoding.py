@@ -186,6 +186,27 @@ def test_prefix_cache_serves_shared_prompt_blocks_with_exact_logprobs(tiny_model
     assert {key[0] for key in cached.prefix_cache.blocks} == {None}
 
 
+def test_a_cached_block_is_one_copy_of_every_layers_keys_and_values():
+    """The prefix cache keeps a block as one tensor `(layers, 2, heads, BLOCK, head_dim)`, copied at once from the
+    prefill's keys and values: one copy (one kernel on a GPU) a block instead of two a layer, 56 for a 28-layer
+    model."""
+    from unstable.inference.prefix_cache import BLOCK, PrefixCache
+
+    generator = torch.Generator().manual_seed(0)
+    kv = [tuple(torch.randn(2, 2 * BLOCK + 5, 4, generator=generator) for _ in range(2)) for _ in range(3)]
+    cache = PrefixCache(max_tokens=4 * BLOCK)
+    prompt = list(range(2 * BLOCK + 5))
+    cache.store(prompt, None, 0, kv)
+    blocks = [cache.blocks[(None, tuple(prompt[: (b + 1) * BLOCK]))] for b in range(2)]
+    for b, block in enumerate(blocks):
+        columns = slice(b * BLOCK, (b + 1) * BLOCK)
+        assert block.shape == (3, 2, 2, BLOCK, 4)
+        assert all(torch.equal(block[layer, 0], k[:, columns]) for layer, (k, _) in enumerate(kv))
+        assert all(torch.equal(block[layer, 1], v[:, columns]) for layer, (_, v) in enumerate(kv))
+    kv[0][0].zero_()  # a copy: the prefill's tensors are reused
+    assert blocks[0][0, 0].abs().sum() > 0
+
+
 def test_batched_lora_equals_peft_for_every_row_of_a_mixed_batch(tiny_model_dir, tmp_path):
     """Two adapters of different ranks and targets (one on the tied output layer, one with rsLoRA scaling) and base
     rows in one forward: each row's logits equal PEFT's for its own adapter; unloading frees the slot."""

@@ -23,7 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from unstable.inference.base import SamplingConfig
 from unstable.inference.lora import LoRASlots
-from unstable.inference.prefix_cache import BLOCK, BlockKV, PrefixCache
+from unstable.inference.prefix_cache import BLOCK, BlockKV, LayerKV, PrefixCache
 from unstable.records import mixed_seed
 
 # The attention kernels a decode forward may use. Not cuDNN's: it builds an execution plan for each new shape, and a
@@ -263,7 +263,7 @@ class PaddedCache:
         cache = self._prefix_kv(cached, past_width)
         logits = model_forward(self.model, ids, mask, positions, cache)  # (N, V)
 
-        def fresh_kv(i: int) -> BlockKV:
+        def fresh_kv(i: int) -> LayerKV:
             start = past_width + width - len(fresh[i])  # the row's first fresh token in the cache's columns
             return [(layer.keys[i, :, start:], layer.values[i, :, start:]) for layer in cache.layers]
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 from unstable.inference.lora import BatchedLoRALinear
-from unstable.inference.prefix_cache import BLOCK, BlockKV
+from unstable.inference.prefix_cache import BLOCK, BlockKV, LayerKV
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 FUSED = {"self_attn": ("q_proj", "k_proj", "v_proj"), "mlp": ("gate_proj", "up_proj")}  # one product each
@@ -239,7 +239,7 @@ class SlotCache:
         self.position_buffer[first : first + count] = torch.tensor(lengths, device=self.device)
         self.positions += lengths
 
-        def fresh_kv(i: int) -> BlockKV:
+        def fresh_kv(i: int) -> LayerKV:
             slot, columns = first + i, slice(skip[i], lengths[i])
             return [(k[slot, columns].transpose(0, 1), v[slot, columns].transpose(0, 1)) for k, v in self._kv()]
 
@@ -250,10 +250,11 @@ class SlotCache:
         for i, blocks in enumerate(cached):
             if not blocks:
                 continue
-            columns = slice(0, BLOCK * len(blocks))
+            prefix = torch.cat(blocks, dim=3)  # (layers, 2, heads, columns, head_dim)
+            columns = slice(0, prefix.shape[3])
             for layer, (keys, values) in enumerate(self._kv()):
-                keys[first + i, columns] = torch.cat([block[layer][0] for block in blocks], dim=1).transpose(0, 1)
-                values[first + i, columns] = torch.cat([block[layer][1] for block in blocks], dim=1).transpose(0, 1)
+                keys[first + i, columns] = prefix[layer, 0].transpose(0, 1)
+                values[first + i, columns] = prefix[layer, 1].transpose(0, 1)
 
     def _kv(self):
         """Each layer's (keys, values) slot tensors."""
