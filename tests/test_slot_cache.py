@@ -60,11 +60,15 @@ def run_schedule(backend: TransformersBackend, adapter: Checkpoint) -> dict[str,
     return {row.tag: row for row in finished}
 
 
-@pytest.mark.parametrize("cuda_graphs", [False, True])
-def test_slot_cache_gives_the_padded_caches_greedy_tokens_and_logprobs(tiny_model_dir, adapter, cuda_graphs):
+@pytest.mark.parametrize("mode", ["eager", "cuda_graphs", "compiled"])
+def test_slot_cache_gives_the_padded_caches_greedy_tokens_and_logprobs(tiny_model_dir, adapter, mode, monkeypatch):
+    """Compiled: through dynamo and AOT autograd (`aot_eager`), the decode step and the prefills (one-row ones padded
+    to two rows) as compiled layers."""
+    if mode == "compiled":
+        compile_with_aot_eager(monkeypatch)
     greedy = SamplingConfig(12, 0.0)
     padded = TransformersBackend(tiny_model_dir, greedy, slot_cache=False)
-    slots = TransformersBackend(tiny_model_dir, greedy, cuda_graphs=cuda_graphs)
+    slots = TransformersBackend(tiny_model_dir, greedy, cuda_graphs=mode != "eager", compile=mode == "compiled")
     assert slots.slot_cache and not padded.slot_cache
     expected, got = run_schedule(padded, adapter), run_schedule(slots, adapter)
     assert sorted(got) == sorted(expected) and len(got) == 8
@@ -73,6 +77,17 @@ def test_slot_cache_gives_the_padded_caches_greedy_tokens_and_logprobs(tiny_mode
         assert got[tag].logprobs == pytest.approx(row.logprobs, abs=1e-5), tag
         assert got[tag].cached == row.cached
     assert sum(row.cached for row in got.values()) > 0  # some rows took their prefix from the prefix cache
+    torch._dynamo.reset()
+
+
+def compile_with_aot_eager(monkeypatch) -> None:
+    """The slot cache's `torch.compile` with the aot_eager backend: dynamo's and AOT autograd's graphs and guards,
+    not inductor's code (which takes a minute to compile on the CPU)."""
+    from unstable.inference import slot_cache
+
+    compile = torch.compile
+    monkeypatch.setattr(slot_cache.torch, "compile", lambda fn, **options: compile(fn, backend="aot_eager", **options))
+    torch._dynamo.reset()
 
 
 def test_sampled_rows_log_probs_equal_a_full_forward_pass(tiny_model_dir, adapter):
@@ -158,21 +173,18 @@ def test_a_padded_step_has_lora_weights_for_its_padding_rows(tiny_model_dir, ada
         assert got.logprobs == pytest.approx(expected.logprobs, abs=1e-5)
 
 
-def test_the_compiled_step_is_compiled_once_per_lora_state_whatever_the_batch_and_length(
+def test_the_compiled_layer_is_compiled_once_per_lora_state_and_pass_whatever_the_batch_and_length(
     tiny_model_dir, adapter, monkeypatch
 ):
     """The loop's engine meets every batch bucket and context length, the cache growing, adapters arriving and a
-    second adapter widening the LoRA slots: its compiled layer is traced once without adapters and once with them.
+    second adapter widening the LoRA slots: its compiled layer is traced once without adapters and once with them,
+    for the decode step (one token a row) and for prefills (two or more).
     (A compile takes tens of seconds on a GPU machine for a 28-layer model: the compiled loop of benchmarks/gpu.py
     had not made its 8 learner steps after 280 s.) Compiled with the aot_eager backend: dynamo's and AOT autograd's
     guards, not inductor's code."""
     from torch._dynamo.utils import counters
 
-    from unstable.inference import slot_cache
-
-    compile = torch.compile
-    monkeypatch.setattr(slot_cache.torch, "compile", lambda fn, **options: compile(fn, backend="aot_eager", **options))
-    torch._dynamo.reset()
+    compile_with_aot_eager(monkeypatch)
     counters.clear()
     backend = TransformersBackend(tiny_model_dir, SamplingConfig(40, 1.0), cuda_graphs=True, compile=True)
     tokenize = lambda text: backend.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -186,21 +198,19 @@ def test_the_compiled_step_is_compiled_once_per_lora_state_whatever_the_batch_an
         batch.add([Row(i, prompt, uid if i % 2 else None) for i, prompt in enumerate(prompts)])
         for _ in range(40):  # past the first 256 columns: the cache grows
             batch.step()
-    assert counters["stats"]["unique_graphs"] == 2
+    assert counters["stats"]["unique_graphs"] == 4
     torch._dynamo.reset()
 
 
 def test_the_compiled_step_traces_one_decoder_layer_whatever_the_depth(tiny_model_dir, tmp_path, monkeypatch):
-    """The compiled step is one decoder layer compiled once and run by every layer: what dynamo traces does not
-    grow with the model's depth. (The whole pass compiled took minutes for the 28-layer Qwen3-0.6B shape with
-    adapters on an H200: the first LoRA checkpoint stalled the loop's engine past benchmarks/gpu.py's time.)"""
+    """The compiled layer is one decoder layer compiled once and run by every layer (here a prefill's): what dynamo
+    traces does not grow with the model's depth. (The whole pass compiled took minutes for the 28-layer Qwen3-0.6B
+    shape with adapters on an H200: the first LoRA checkpoint stalled the loop's engine past benchmarks/gpu.py's
+    time.)"""
     from torch._dynamo.utils import counters
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from unstable.inference import slot_cache
-
-    compile = torch.compile
-    monkeypatch.setattr(slot_cache.torch, "compile", lambda fn, **options: compile(fn, backend="aot_eager", **options))
+    compile_with_aot_eager(monkeypatch)
     traced = {}
     for layers in (1, 2):
         config = AutoConfig.from_pretrained(tiny_model_dir, num_hidden_layers=layers)
@@ -212,7 +222,7 @@ def test_the_compiled_step_traces_one_decoder_layer_whatever_the_depth(tiny_mode
         AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(deeper)
         torch._dynamo.reset()
         counters.clear()
-        backend = TransformersBackend(str(deeper), SamplingConfig(4, 1.0), cuda_graphs=True, compile=True)
+        backend = TransformersBackend(str(deeper), SamplingConfig(1, 1.0), cuda_graphs=True, compile=True)
         backend.generate([GenerationRequest(PROMPTS[0])])
         traced[layers] = counters["stats"]["calls_captured"]
     torch._dynamo.reset()

@@ -35,8 +35,8 @@ class InferenceConfig(Settings):
     )
     compile: bool = Field(
         False,
-        description="transformers engine: `torch.compile` the decode step's decoder layer (fused kernels; "
-        "compiled once for every layer when the engine starts serving, and once more at the first adapter)",
+        description="transformers engine: `torch.compile` the decoder layer of the decode step and of prefills "
+        "(fused kernels; compiled once for every layer when the engine starts serving, again at the first adapter)",
     )
     num_threads: int | None = Field(
         1, ge=1, le=MAX_THREADS, description="torch threads of the inference process (None: torch's choice)"

@@ -13,7 +13,8 @@ batch's rows and its longest context, each row attending to its own columns thro
 (Bb, Lb) is captured once as a CUDA graph and replayed: one launch instead of ~1,600 kernel launches whose CPU time
 bound the step (experiments/log.md, the H100 entry). With `compile` its decoder layer is compiled by `torch.compile`
 first, one function run by every layer (`decoder_layer`: fused elementwise kernels, fewer and shorter in each graph;
-one compile whatever the depth). On the CPU the same pass runs eagerly on the exact batch.
+one compile whatever the depth), for the decode step and, apart, for prefills (at least 2 rows of 2 tokens). On the
+CPU the same pass runs eagerly on the exact batch.
 """
 
 from __future__ import annotations
@@ -227,14 +228,22 @@ class SlotCache:
         first, count = len(self.positions), len(fresh)
         skip = [BLOCK * len(blocks) for blocks in cached]
         width = max(len(f) for f in fresh)
+        padded = count
+        if self.compiled:  # at least 2 rows of 2 tokens: a size of 1 would be compiled apart (the decode step's)
+            width, padded = max(width, 2), max(count, MIN_BUCKET)
         end = max(skip) + width  # the columns the pass writes
-        self._reserve(first + count, max(max_length, end))
+        self._reserve(first + padded, max(max_length, end))
         self._copy_prefixes(first, cached)
-        tokens = torch.tensor([f + [pad_token_id] * (width - len(f)) for f in fresh], device=self.device)  # (N, W)
-        positions = torch.tensor([list(range(n, n + width)) for n in skip], device=self.device)  # (N, W)
-        last = torch.tensor([len(f) - 1 for f in fresh], device=self.device)  # (N,)
+        rows = [f + [pad_token_id] * (width - len(f)) for f in fresh] + [[pad_token_id] * width] * (padded - count)
+        tokens = torch.tensor(rows, device=self.device)  # (N, W); a padding row writes into a free slot
+        starts = skip + [0] * (padded - count)
+        positions = torch.tensor([list(range(n, n + width)) for n in starts], device=self.device)  # (N, W)
+        last = torch.tensor([len(f) - 1 for f in fresh] + [0] * (padded - count), device=self.device)  # (N,)
+        self._mark_dynamic()
         with sdpa_kernel(self.attention):
-            logits = slot_forward(self.model, self.fused, tokens, positions, self.keys, self.values, end, first, last)
+            kv = (self.keys, self.values)
+            logits = slot_forward(self.model, self.fused, tokens, positions, *kv, end, first, last, self.layer_step)
+        logits = logits[:count]
         lengths = [n + len(f) for n, f in zip(skip, fresh)]
         self.position_buffer[first : first + count] = torch.tensor(lengths, device=self.device)
         self.positions += lengths
@@ -263,8 +272,7 @@ class SlotCache:
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits `(B, V)` of one decode step of every row, `tokens` `(B,)` their last sampled tokens."""
         batch, length = len(self.positions), length_bucket(max(self.positions) + 1)
-        if self.compiled and self._marked_for != (self._generation, self.lora.version):
-            self._mark_dynamic()
+        self._mark_dynamic()
         if self.graphs:
             logits = self._replay(tokens, batch, length)
         else:
@@ -313,7 +321,10 @@ class SlotCache:
     def _mark_dynamic(self) -> None:
         """Tell the compiler which sizes change (slots and columns of the cache, slots and rank of the LoRA tensors,
         rows of the per-row LoRA weights), so that the step is compiled once for them all: dynamo took the first
-        sizes it met as constants and compiled again at the next (tens of seconds each on a GPU machine)."""
+        sizes it met as constants and compiled again at the next (tens of seconds each on a GPU machine). Once per
+        set of tensors, and only when compiled."""
+        if not self.compiled or self._marked_for == (self._generation, self.lora.version):
+            return
         for cached in self.keys + self.values:
             torch._dynamo.maybe_mark_dynamic(cached, 0)
             torch._dynamo.maybe_mark_dynamic(cached, 1)
@@ -379,13 +390,17 @@ class SlotCache:
 
 
 def _compiled(layer_step):
-    """`layer_step` compiled by `torch.compile` for any number of rows: each call marks its per-row tensors' first
-    size as changing (dynamo took the first count it met as a constant, and compiled again at the next)."""
+    """`layer_step` compiled by `torch.compile` for any number of rows and tokens: each call marks its per-token
+    tensors' row and token counts (and the mask's columns) as changing (dynamo took the first sizes it met as
+    constants, and compiled again at the next)."""
     compiled = torch.compile(layer_step, dynamic=True)
 
     def step(layer, fused, hidden, cos, sin, keys, values, slots, positions, mask, first: int, length: int):
-        for per_row in (hidden, cos, sin, slots, positions, mask):
-            torch._dynamo.maybe_mark_dynamic(per_row, 0)
+        for per_token in (hidden, cos, sin, slots, positions):  # (B, T, ...)
+            torch._dynamo.maybe_mark_dynamic(per_token, 0)
+            torch._dynamo.maybe_mark_dynamic(per_token, 1)
+        for dim in (0, 2, 3):  # (B, 1, T x G, L)
+            torch._dynamo.maybe_mark_dynamic(mask, dim)
         return compiled(layer, fused, hidden, cos, sin, keys, values, slots, positions, mask, first, length)
 
     return step
