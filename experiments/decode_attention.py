@@ -1,4 +1,4 @@
-"""A decode step's attention alone, four ways, on the KV-cache shapes of the embedded engine's slot cache: where the
+"""A decode step's attention alone, five ways, on the KV-cache shapes of the embedded engine's slot cache: where the
 batch-128 decode step of the Qwen3-0.6B shape spends most of its GPU time (an H200 read the keys and values at about
 1.5 of its 4.8 TB/s through PyTorch's memory-efficient SDPA kernel, experiments/log.md).
 
@@ -13,7 +13,8 @@ through an additive mask that hides each row's columns past its own length (rows
 - `sdpa_head_major`: laid out `(slots, kv_heads, columns, head_dim)`, so each head's columns are contiguous;
 - `matmul_head_major`: the head-major cache, scores by one batched matrix product, softmax in float32, one more
   product with the values;
-- `matmul_head_major_compiled`: the same under `torch.compile`.
+- `matmul_head_major_compiled`: the same under `torch.compile`;
+- `flex_head_major`: `flex_attention` (compiled) over the head-major cache, each row's length as its block mask.
 
 A layer's time is the median over `--repeats` passes through `--layers` layers (each layer its own cache, so that
 nothing is read from the L2 cache); its bandwidth counts the keys and values of the L columns read. Every way's output
@@ -116,23 +117,24 @@ def masks(batch: int, length: int, groups: int, device: str, dtype) -> torch.Ten
 
 
 def synchronize(device: str) -> None:
+    """Wait for the GPU's queued kernels (nothing on the CPU)."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
 
 def time_way(name: str, batch: int, length: int, args, shape: dict, device: str, dtype):
     """(median seconds per layer, the first layer's output) of way `name`."""
-    layout, attend, compiled = WAYS[name]
-    if compiled:
-        attend = torch.compile(attend, dynamic=False)
+    layout, kind, compiled = WAYS[name]
+    attend = torch.compile(kind, dynamic=False) if compiled else kind
     columns = 2 * length  # the slot cache is wider than the bucket a step reads
     layers = caches(layout, args.layers, batch, columns, shape, device, dtype)
     heads, groups, dim = shape["kv_heads"], shape["groups"], shape["head_dim"]
     generator = torch.Generator(device=device).manual_seed(1)
     q = torch.randn(batch, heads, groups, dim, device=device, dtype=dtype, generator=generator)
-    mask = masks(batch, length, groups, device, torch.float32 if attend is matmul else dtype)
-    if layout is head_major and WAYS[name][1] is flex:
+    if kind is flex:
         mask = row_lengths(batch, length, device)
+    else:
+        mask = masks(batch, length, groups, device, torch.float32 if kind is matmul else dtype)
     scale = dim**-0.5
 
     def one_pass():
