@@ -451,6 +451,7 @@ def example_learner(cfg, model_dir: Path, lora: bool, **policy):
 LEARNER_VARIANTS = {  # learner.policy settings beside the example's, each timed as learner_part times it
     "no_checkpointing_8k": {"gradient_checkpointing": False, "micro_batch_tokens": 8192},
     "no_checkpointing_16k": {"gradient_checkpointing": False, "micro_batch_tokens": 16384},
+    "checkpointing_64k": {"gradient_checkpointing": True, "micro_batch_tokens": 65536},  # an update in one pass
 }
 
 
