@@ -392,7 +392,8 @@ class SlotCache:
 def _compiled(layer_step):
     """`layer_step` compiled by `torch.compile` for any number of rows and tokens: each call marks its per-token
     tensors' row and token counts (and the mask's columns) as changing (dynamo took the first sizes it met as
-    constants, and compiled again at the next)."""
+    constants, and compiled again at the next). Python floats (the layers' scaling and epsilon) are taken as constants:
+    traced as symbols, each compile restarted its analysis once to specialize them (twice the tracing)."""
     compiled = torch.compile(layer_step, dynamic=True)
 
     def step(layer, fused, hidden, cos, sin, keys, values, slots, positions, mask, first: int, length: int):
@@ -401,7 +402,8 @@ def _compiled(layer_step):
             torch._dynamo.maybe_mark_dynamic(per_token, 1)
         for dim in (0, 2, 3):  # (B, 1, T x G, L)
             torch._dynamo.maybe_mark_dynamic(mask, dim)
-        return compiled(layer, fused, hidden, cos, sin, keys, values, slots, positions, mask, first, length)
+        with torch._dynamo.config.patch(specialize_float=True):
+            return compiled(layer, fused, hidden, cos, sin, keys, values, slots, positions, mask, first, length)
 
     return step
 
