@@ -109,9 +109,11 @@ def warm_up_end(rows: list[dict]) -> int:
     """The index of the row that ends the loop's warm-up: learner step 1's (Ray start, model load, the first batch),
     or the last of the rows without a generated token right after it, when the engine paused there (a compiled
     engine compiles its step again when the first adapter arrives) and served again before the run ended."""
-    first = next(i for i, r in enumerate(rows) if r.get("learner/step") == 1)
+    from unstable.tracking import keys
+
+    first = next(i for i, r in enumerate(rows) if r.get(keys.STEP) == 1)
     end = first
-    while end + 1 < len(rows) and rows[end + 1].get("inference/generated_tokens", 0) == 0:
+    while end + 1 < len(rows) and rows[end + 1].get(keys.INFERENCE_GENERATED_TOKENS, 0) == 0:
         end += 1
     return end if end + 1 < len(rows) else first
 
@@ -133,13 +135,13 @@ def measure_loop(cfg) -> dict:
 
     with PeakMemory() as memory:
         summary = train(cfg, on_row=on_row)
-    first = next(i for i, r in enumerate(rows) if r.get("learner/step") == 1)
+    first = next(i for i, r in enumerate(rows) if r.get(keys.STEP) == 1)
     warm = warm_up_end(rows)
     steady = rows[warm + 1 :]
     seconds = arrived[-1] - arrived[warm]
     steps = cfg.learner.num_steps
     updates = [r for r in steady if keys.UPDATE_SECONDS in r]
-    balance = run_balance(rows)  # over the same steps: those after the first
+    balance = run_balance(rows)  # over the steps after the first (the window above may start later)
     return {
         "workers": cfg.collector.num_workers,
         "load_average": os.getloadavg()[0],  # the machine's 1-minute load when the run ended
@@ -147,7 +149,7 @@ def measure_loop(cfg) -> dict:
         "first_learner_step_s": arrived[first],
         "paused_after_first_step_s": arrived[warm] - arrived[first],  # the engine serving nothing after step 1
         "games_per_s": sum(r["collector/train_games"] for r in steady) / seconds,
-        "tokens_per_s": sum(r["inference/generated_tokens"] for r in steady) / seconds,
+        "tokens_per_s": sum(r[keys.INFERENCE_GENERATED_TOKENS] for r in steady) / seconds,
         "mean_batch": statistics.mean(r["inference/mean_batch_size"] for r in steady),
         "prefix_cache_hit_rate": sum(r[keys.INFERENCE_CACHED_PROMPT_TOKENS] for r in steady)
         / max(sum(r[keys.INFERENCE_PROMPT_TOKENS] for r in steady), 1),
@@ -165,7 +167,7 @@ def measure_loop(cfg) -> dict:
         "last_checkpoint": str(Path(summary.run_dir) / "checkpoints" / f"ckpt-{steps}"),
         # every row as it arrived: to find where a start cost (a compile, say) ended after the run
         "timeline": [
-            {"s": s, "learner_step": r.get("learner/step"), "tokens": r.get("inference/generated_tokens", 0)}
+            {"s": s, "learner_step": r.get(keys.STEP), "tokens": r.get(keys.INFERENCE_GENERATED_TOKENS, 0)}
             for s, r in zip(arrived, rows)
         ],
     }
