@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -34,6 +35,9 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from gpu import synchronize  # noqa: E402 - benchmarks/gpu.py: waits for the GPU as its rows do
+
 QWEN3_06B = {"kv_heads": 8, "groups": 2, "head_dim": 128}  # 16 query heads over 8 key-value heads
 
 
@@ -114,12 +118,6 @@ def masks(batch: int, length: int, groups: int, device: str, dtype) -> torch.Ten
     visible = torch.arange(length, device=device)[None, :] < row_lengths(batch, length, device)[:, None]  # (B, L)
     mask = torch.zeros(batch, length, device=device, dtype=dtype).masked_fill(~visible, -torch.inf)
     return mask[:, None, None, :].expand(batch, 1, groups, length)
-
-
-def synchronize(device: str) -> None:
-    """Wait for the GPU's queued kernels (nothing on the CPU)."""
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def time_way(name: str, batch: int, length: int, args, shape: dict, device: str, dtype):
