@@ -1,7 +1,8 @@
 """Every benchmark and experiment script runs: each script of `benchmarks/` and `experiments/` with its smallest
-settings, in its own process, writing into a temporary directory (never over `benchmarks/results/` or
-`experiments/results/`). The numbers mean nothing; that each script still runs against the package as it is does
-(`benchmarks/loop.py` broke unnoticed when the demo config changed under it).
+settings, in its own process (a fork of one that has imported torch and the package: tests/zygote.py), writing into
+a temporary directory (never over `benchmarks/results/` or `experiments/results/`). The numbers mean nothing; that
+each script still runs against the package as it is does (`benchmarks/loop.py` broke unnoticed when the demo config
+changed under it).
 
 A new script needs a row in `SMOKES`, or in `NOT_HERE` with the reason.
 """
@@ -11,11 +12,11 @@ from __future__ import annotations
 import ast
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from .zygote import run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = ("benchmarks", "experiments")  # the scripts at the top of each
@@ -106,17 +107,11 @@ NOT_HERE = {
 
 def run_benchmark(script: str, args: list[str], tmp_path: Path, tiny: str) -> str:
     """`python <script> args` (`script` a path in the repository) from the repository root (so default model paths
-    resolve as for a user); its stdout. Fails with the end of its stderr when the script does."""
+    resolve as for a user), as a fork of the worker's preloaded process (`tests/zygote.py`); its stdout. Fails with the
+    end of its stderr when the script does."""
     argv = [a.replace(TMP, str(tmp_path)).replace(TINY, tiny) for a in args]
     env = os.environ | {"PYTHONPATH": str(ROOT / "src"), "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run(
-        [sys.executable, str(ROOT / script), *argv],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    done = run_python([str(ROOT / script), *argv], cwd=ROOT, env=env, timeout=900)
     assert done.returncode == 0, f"{script} failed:\n{done.stderr[-4000:]}"
     return done.stdout
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from .zygote import run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 OF_A_BOUND = (  # measured over a nominal peak far above anything the tiny model reaches
@@ -30,9 +31,10 @@ SECONDS = ("weight_sync_seconds_lora", "weight_sync_seconds_full")
 @pytest.mark.slow
 def test_the_gpu_benchmark_smoke_run_writes_every_row_as_a_fraction(tiny_model_dir, tmp_path):
     out = tmp_path / "gpu.json"
-    command = [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--smoke", "--out", str(out)]
+    command = [str(ROOT / "benchmarks" / "gpu.py"), "--smoke", "--out", str(out)]
     command += ["--model", tiny_model_dir, "--run-dir", str(tmp_path / "runs")]
-    subprocess.run(command, cwd=tmp_path, env=os.environ | {"CUDA_VISIBLE_DEVICES": ""}, check=True, timeout=600)
+    done = run_python(command, cwd=tmp_path, env=os.environ | {"CUDA_VISIBLE_DEVICES": ""}, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(out.read_text())
     assert isinstance(result["device"], str) and result["device"].startswith("cpu")
     for key in OF_A_BOUND:
