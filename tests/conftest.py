@@ -95,8 +95,8 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-# fixtures built once for all workers (`built_once`) that take a worker many seconds; the tiny model, which nearly
-# every slow test needs at once, is built before any can start
+# fixtures built once for all workers (`built_once`) that take a worker many seconds; not the tiny model: nearly every
+# slow test needs it, so no order spares the other worker its wait
 SHARED_BUILDS = frozenset({"sft_adapter"})
 
 
