@@ -58,8 +58,10 @@ def test_the_loop_is_counted_from_the_end_of_an_engine_pause_right_after_its_fir
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from loop import warm_up_end
 
+    from unstable.tracking import keys
+
     def row(step, tokens):
-        return ({"learner/step": step} if step is not None else {}) | {"inference/generated_tokens": tokens}
+        return ({keys.STEP: step} if step is not None else {}) | {keys.INFERENCE_GENERATED_TOKENS: tokens}
 
     assert warm_up_end([row(0, 0), row(1, 5), row(2, 7), row(3, 9)]) == 1  # no pause: after step 1
     assert warm_up_end([row(0, 0), row(1, 5), row(2, 0), row(3, 0), row(4, 8), row(5, 9)]) == 3

@@ -11,6 +11,7 @@ forkserver is single-threaded when it forks, so nothing it holds is left locked 
 from __future__ import annotations
 
 import atexit
+import functools
 import multiprocessing
 import os
 import runpy
@@ -31,7 +32,6 @@ PRELOAD = [
     "unstable.runtime.learner_actors",
     "unstable.inference.transformers_backend",
 ]
-_context = None
 
 
 @dataclass
@@ -57,13 +57,12 @@ def run_python(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: floa
         return Finished(child.exitcode, out.read_text(errors="replace"), err.read_text(errors="replace"))
 
 
+@functools.cache
 def _forkserver():
     """This process's forkserver context, its preloads set at the first call."""
-    global _context
-    if _context is None:
-        _context = multiprocessing.get_context("forkserver")
-        _context.set_forkserver_preload(PRELOAD)
-    return _context
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    return context
 
 
 def _run(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
