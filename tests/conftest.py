@@ -23,6 +23,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 import pytest  # noqa: E402
 from filelock import FileLock  # noqa: E402
 
+from .ray_worker_launcher import NODE_ARGS  # noqa: E402
+
 
 @contextmanager
 def built_once(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Path]:
@@ -46,7 +48,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
         return str(ensure_tiny_model(path))
 
 
-HEAD_NODE = {"num_cpus": 4, "include_dashboard": False, "include_log_monitor": False, "no_monitor": True}
+HEAD_NODE = {"num_cpus": 4, "include_dashboard": False, "include_log_monitor": False, "no_monitor": True, **NODE_ARGS}
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +58,7 @@ def _ray_head() -> Iterator[str]:
     per run). Four logical CPUs: a run with two inference actors and its learner reserves three. Its address file
     goes to a temporary directory of its own, so only a run given its address (`shared_ray`) joins it. No log monitor
     (actors' output reaches no driver: runs log to their own files) and no autoscaler monitor, which poll all along
-    (an idle head: 1.50 -> 1.13 CPU-s a minute)."""
+    (an idle head: 1.50 -> 1.13 CPU-s a minute). Its workers start through tests/ray_worker_launcher.py."""
     from ray.cluster_utils import Cluster
 
     saved = {name: os.environ.get(name) for name in ("RAY_TMPDIR", "RAY_prestart_worker_first_driver")}

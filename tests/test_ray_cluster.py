@@ -17,6 +17,7 @@ from unstable.config import ConfigError, load_config
 from unstable.runtime import resume_training, train
 from unstable.tracking import keys
 
+from .ray_worker_launcher import NODE_ARGS
 from .runs import EXAMPLE, tiny_run
 
 pytestmark = pytest.mark.slow  # a Ray cluster and two sessions of a run
@@ -34,10 +35,10 @@ def two_node_cluster():
     os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths live in it
     try:
         cluster = Cluster(
-            initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1, "include_dashboard": False}
+            initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1, "include_dashboard": False, **NODE_ARGS}
         )
         try:
-            cluster.add_node(num_cpus=1, num_gpus=1, resources={"node2": 1})
+            cluster.add_node(num_cpus=1, num_gpus=1, resources={"node2": 1}, **NODE_ARGS)
             cluster.wait_for_nodes()
             os.environ["RAY_ADDRESS"] = cluster.address
             yield cluster
