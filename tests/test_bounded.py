@@ -4,8 +4,6 @@ pool rates; the dashboard and the report reading the tables from their own files
 
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -28,8 +26,7 @@ from unstable.tracking import Tracker, TrackerConfig, keys
 from unstable.tracking.history import LATEST_TABLES_FILE, TABLES_FILE, RowFollower, latest_value, read_rows
 
 from .runs import EXAMPLE, tiny_run
-
-SRC = Path(__file__).resolve().parents[1] / "src"
+from .zygote import Finished, Forked, start_python
 
 
 def _game(seed: int, players: dict[int, str]) -> GameRecord:
@@ -192,18 +189,16 @@ def test_dashboard_and_report_show_the_ladder_from_the_tables_files(tmp_path):
     assert data.match_matrix(rows)["agents"][-1] == "random"
 
 
-def _train(args: list[str], ray_address: str | None = None) -> tuple[subprocess.CompletedProcess, int | None]:
+def _train(args: list[str], ray_address: str | None = None) -> tuple[Finished, int | None]:
     """`unstable train args` in a process of its own (joining the test's Ray), and with `ray_address` the most threads
     the run's inference actor held while it went on."""
-    env = os.environ | {"PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    command = [sys.executable, "-m", "unstable.cli.main", "train", *args]
-    run = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = start_python(["-m", "unstable.cli.main", "train", *args], cwd=Path.cwd(), env=dict(os.environ))
     threads = _most_inference_threads(run, ray_address) if ray_address else None
-    out, err = run.communicate(timeout=600)
-    return subprocess.CompletedProcess(command, run.returncode, out, err), threads
+    out, err = (stream.decode() for stream in run.communicate(timeout=600))
+    return Finished(run.returncode, out, err), threads
 
 
-def _most_inference_threads(run: subprocess.Popen, ray_address: str) -> int:
+def _most_inference_threads(run: Forked, ray_address: str) -> int:
     """The most threads the live inference actor on the Ray at `ray_address` held while `run` went on (the run's own:
     the actors of the test process's earlier runs are dead)."""
     import psutil

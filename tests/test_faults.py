@@ -380,16 +380,13 @@ def _unstable_train(overrides: list[str], env: dict[str, str], timeout: float, h
     """`unstable train` of the demo config with `overrides` in a process session of its own, `env` added to this
     one's: (status, stdout, stderr). A run still going after `timeout` seconds is killed whole and fails with `hung`."""
     import subprocess
-    import sys
     from pathlib import Path
 
     from .runs import EXAMPLE
+    from .zygote import start_python
 
-    src = Path(__file__).resolve().parents[1] / "src"
-    env = os.environ | {"PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"} | env
-    command = [sys.executable, "-m", "unstable.cli.main", "train", str(EXAMPLE)]
-    command += [arg for o in overrides for arg in ("--set", o)]
-    run = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    command = ["-m", "unstable.cli.main", "train", str(EXAMPLE), *(arg for o in overrides for arg in ("--set", o))]
+    run = start_python(command, cwd=Path.cwd(), env=os.environ | env, new_session=True)
     try:
         out, err = (stream.decode() for stream in run.communicate(timeout=timeout))
     except subprocess.TimeoutExpired:
@@ -499,32 +496,28 @@ def test_a_part_killed_at_the_start_or_mid_run_stops_the_run_at_once_naming_it_a
     All three were found by benchmarks/chaos.py."""
     import json
     import subprocess
-    import sys
     from pathlib import Path
 
     from .runs import EXAMPLE, tiny_run
+    from .zygote import Forked, start_python
 
     overrides = tiny_run(
         tmp_path, tiny_model_dir, "killed", "learner.num_steps=4", "warm_start=null",
         "learner.resume_state.every_steps=1", "collector.max_failed_games_in_a_row=1000000000",
         "learner.batch_size=64", "buffer.max_buffer_size=64",
     )  # fmt: skip
-    src = Path(__file__).resolve().parents[1] / "src"
-    env = os.environ | {"PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    command = [sys.executable, "-m", "unstable.cli.main", "train"]
     run_dir = tmp_path / "killed"
     metrics = run_dir / "metrics.jsonl"
 
-    def start(*args: str) -> subprocess.Popen:
-        return subprocess.Popen(
-            command + list(args), env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
+    def start(*args: str) -> Forked:
+        command = ["-m", "unstable.cli.main", "train", *args]
+        return start_python(command, cwd=Path.cwd(), env=dict(os.environ), new_session=True)
 
     def waiting_for_its_first_batch(started: float) -> bool:
         """The session started at `started` logged its row 0 (a resume first cuts the rows after its saved state)."""
         return metrics.exists() and metrics.stat().st_mtime >= started and '"learner/step": 0' in metrics.read_text()
 
-    def kill_part(run: subprocess.Popen, actor: str, ready) -> str:
+    def kill_part(run: Forked, actor: str, ready) -> str:
         """kill -9 of the run's `actor` process once `ready()`: the last line of the run's stderr, status 1."""
         deadline = time.time() + 240
         while not ready() or (victim := _ray_process(actor, run.pid)) is None:

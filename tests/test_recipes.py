@@ -2,7 +2,7 @@
 docs cite (recorded in that run's `learning.json`), and runs through `unstable train` as it is."""
 
 import json
-import subprocess
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +10,8 @@ import pytest
 import yaml
 
 from unstable.config import load_config
+
+from .zygote import run_python
 
 ROOT = Path(__file__).parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -98,13 +100,9 @@ def test_a_recipe_runs_through_unstable_train_as_it_is(recipe, tiny_model_dir, t
         "evaluation.games_at_end=2",
         "tracker.tensorboard=false",
     ]
-    command = [sys.executable, "-m", "unstable.cli.main", "train", f"examples/{recipe}", "--no-wandb"]
-    done = subprocess.run(
-        [*command, *(arg for s in sets for arg in ("--set", s))],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    command = ["-m", "unstable.cli.main", "train", f"examples/{recipe}", "--no-wandb"]
+    done = run_python(
+        [*command, *(arg for s in sets for arg in ("--set", s))], cwd=ROOT, env=dict(os.environ), timeout=900
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "warm start epoch 1" in done.stdout and "step    2/2" in done.stdout

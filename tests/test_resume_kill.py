@@ -7,8 +7,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -29,10 +27,9 @@ from unstable.runtime.loop import LearnerLoop
 from unstable.tracking import Tracker, keys
 
 from .runs import EXAMPLE, ray_workers_since, tiny_run
+from .zygote import Forked, start_python
 
 pytestmark = pytest.mark.slow  # runs of unstable train
-
-SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def _overrides(tmp_path, model_dir) -> list[str]:
@@ -48,31 +45,29 @@ def _overrides(tmp_path, model_dir) -> list[str]:
     )
 
 
-def _start(args: list[str], pause_at: str | None, records_dir: Path, ray_address: str) -> subprocess.Popen:
+def _start(args: list[str], pause_at: str | None, records_dir: Path, ray_address: str) -> Forked:
     """`unstable train args` in a session of its own joining the Ray at `ray_address`, as a run joins a cluster,
-    paused at `pause_at` (`resume.PAUSE_ENV`) if given."""
-    env = os.environ | {"PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    env["RAY_ADDRESS"] = ray_address
-    env[RECORDS_ENV] = str(records_dir)  # every session's training games, to check their seeds
+    paused at `pause_at` (`resume.PAUSE_ENV`) if given; its two streams as one."""
+    env = os.environ | {"RAY_ADDRESS": ray_address, RECORDS_ENV: str(records_dir)}  # every session's training games
     env.pop(resume.PAUSE_ENV, None)
     if pause_at:
         env[resume.PAUSE_ENV] = pause_at
-    command = [sys.executable, "-m", "unstable.cli.main", "train", *args]
-    return subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    command = ["-m", "unstable.cli.main", "train", *args]
+    return start_python(command, cwd=Path.cwd(), env=env, new_session=True, merge_stderr=True)
 
 
-def _kill_when_paused(process: subprocess.Popen, run_dir: Path, timeout: float = 300.0) -> None:
+def _kill_when_paused(process: Forked, run_dir: Path, timeout: float = 300.0) -> None:
     deadline = time.time() + timeout
     while not (run_dir / resume.PAUSE_MARKER).exists():
         if process.poll() is not None:
-            raise AssertionError(f"run ended before pausing:\n{process.stdout.read().decode()[-3000:]}")
+            raise AssertionError(f"run ended before pausing:\n{process.communicate()[0].decode()[-3000:]}")
         assert time.time() < deadline, "the run never reached its pause point"
         time.sleep(0.5)
     _kill_run(process)
     (run_dir / resume.PAUSE_MARKER).unlink()
 
 
-def _kill_run(process: subprocess.Popen) -> None:
+def _kill_run(process: Forked) -> None:
     """kill -9 of the whole run: its driver's session, then every Ray worker process started since (its actors) on
     the test process's Ray; Ray's own daemons live on, as a cluster's do."""
     started = psutil.Process(process.pid).create_time()

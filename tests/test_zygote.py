@@ -2,11 +2,13 @@
 streams, its directory, exactly its environment, and a command past its time killed."""
 
 import os
+import signal
+import subprocess
 import sys
 
 import pytest
 
-from .zygote import run_python
+from .zygote import run_python, start_python
 
 pytestmark = pytest.mark.slow  # starts the forkserver, which imports torch and transformers
 
@@ -49,3 +51,24 @@ def test_a_forked_module_runs_as_main_and_a_command_past_its_time_is_killed(tmp_
     script.write_text(SCRIPT)
     assert run_python([str(script), "sleep"], cwd=tmp_path, env=dict(os.environ), timeout=2).returncode == -9
     assert sys.modules.get("hello") is None  # the command ran in the child only
+
+
+SESSION_SCRIPT = """
+import os, sys, time
+print(os.getsid(0), flush=True)
+print("err", file=sys.stderr)
+time.sleep(60)
+"""
+
+
+def test_a_started_command_runs_in_a_session_of_its_own_and_is_watched_as_popen_watches_one(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(SESSION_SCRIPT)
+    started = start_python([str(script)], cwd=tmp_path, env=dict(os.environ), new_session=True, merge_stderr=True)
+    with pytest.raises(subprocess.TimeoutExpired):
+        started.communicate(timeout=3)
+    assert started.poll() is None
+    os.killpg(started.pid, signal.SIGKILL)  # the session is the command's: the test process lives on
+    assert started.wait(timeout=30) == -9 and started.returncode == -9
+    out, err = started.communicate()
+    assert out.decode().split() == [str(started.pid), "err"] and err == b""  # its own session; the streams as one
