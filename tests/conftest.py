@@ -23,7 +23,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 import pytest  # noqa: E402
 from filelock import FileLock  # noqa: E402
 
-from .ray_worker_launcher import NODE_ARGS  # noqa: E402
+from .ray_worker_launcher import NODE_ARGS, ZYGOTE_ENV, start_zygote  # noqa: E402
 
 
 @contextmanager
@@ -58,12 +58,14 @@ def _ray_head() -> Iterator[str]:
     per run). Four logical CPUs: a run with two inference actors and its learner reserves three. Its address file
     goes to a temporary directory of its own, so only a run given its address (`shared_ray`) joins it. No log monitor
     (actors' output reaches no driver: runs log to their own files) and no autoscaler monitor, which poll all along
-    (an idle head: 1.50 -> 1.13 CPU-s a minute). Its workers start through tests/ray_worker_launcher.py."""
+    (an idle head: 1.50 -> 1.13 CPU-s a minute). Its workers are forked from a zygote that has imported torch and
+    transformers (tests/ray_worker_launcher.py)."""
     from ray.cluster_utils import Cluster
 
-    saved = {name: os.environ.get(name) for name in ("RAY_TMPDIR", "RAY_prestart_worker_first_driver")}
+    zygote, zygote_socket = start_zygote()
+    saved = {name: os.environ.get(name) for name in ("RAY_TMPDIR", "RAY_prestart_worker_first_driver", ZYGOTE_ENV)}
     temp_dir = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's socket paths live in it
-    os.environ |= {"RAY_TMPDIR": temp_dir, "RAY_prestart_worker_first_driver": "0"}
+    os.environ |= {"RAY_TMPDIR": temp_dir, "RAY_prestart_worker_first_driver": "0", ZYGOTE_ENV: zygote_socket}
     try:
         cluster = Cluster(initialize_head=True, head_node_args=HEAD_NODE)
     finally:
@@ -74,7 +76,9 @@ def _ray_head() -> Iterator[str]:
                 os.environ[name] = value
     yield cluster.address
     cluster.shutdown()
+    zygote.kill()
     shutil.rmtree(temp_dir, ignore_errors=True)
+    shutil.rmtree(Path(zygote_socket).parent, ignore_errors=True)
 
 
 @pytest.fixture

@@ -245,6 +245,7 @@ def _wait_until_restarted(actor_id: str, timeout_s: float = 300.0) -> None:
 @pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 def test_an_inference_actor_killed_mid_run_costs_only_games_in_flight_and_comes_back(tiny_model_dir, tmp_path):
     from unstable.config import load_config
+    from unstable.inference.client import REST_S
     from unstable.runtime import train
 
     from .runs import EXAMPLE, TWO_ACTORS_LORA, run_rows, tiny_run
@@ -257,8 +258,9 @@ def test_an_inference_actor_killed_mid_run_costs_only_games_in_flight_and_comes_
             victim = _inference_actors()[0]
             os.kill(victim["Pid"], signal.SIGKILL)
             killed.append(victim["ActorID"])
-        if row.get(keys.STEP) == 2:  # the learner waits for Ray to restart it, so the run does not end first
+        if row.get(keys.STEP) == 2:  # the learner waits for Ray to restart it, so the run does not end first,
             _wait_until_restarted(killed[0])
+            time.sleep(REST_S)  # and for the client's rest of it to run out (a restart can take less than that)
 
     summary = train(load_config(EXAMPLE, overrides), on_row=kill_after_step_1)
     rows = run_rows(tmp_path / "killed-actor")

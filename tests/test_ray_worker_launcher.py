@@ -1,5 +1,7 @@
-"""The tests' Ray nodes start their workers through tests/ray_worker_launcher.py, and a worker started that way gets
-what Ray's own launcher gives it: the runtime env's variables (`${X}` expanded, an unset one empty) and Python."""
+"""The tests' Ray nodes start their workers through tests/ray_worker_launcher.py: forked from a zygote that has
+imported torch, a worker gets what Ray's own launcher gives it (the runtime env's variables, `${X}` expanded and an
+unset one empty; Python; Ray's worker as its entry point), and it lives and dies with its launcher, the raylet's
+child."""
 
 import os
 import sys
@@ -10,7 +12,7 @@ import pytest
 pytestmark = pytest.mark.slow  # starts Ray
 
 
-def test_a_worker_launched_without_importing_ray_sees_its_runtime_env_as_rays_launcher_gives_it(shared_ray):
+def test_a_worker_forked_from_the_zygote_sees_its_runtime_env_and_ends_with_its_launcher(shared_ray):
     import ray
 
     commands = [" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])]
@@ -18,14 +20,32 @@ def test_a_worker_launched_without_importing_ray_sees_its_runtime_env_as_rays_la
     assert len(raylet) == 1 and "ray_worker_launcher.py" in raylet[0]
 
     @ray.remote(num_cpus=0)
-    def worker_env() -> tuple[dict[str, str], str, str]:
-        return {name: os.environ.get(name) for name in ("FIRST", "SECOND", "THIRD")}, sys.executable, sys.argv[0]
+    class Probe:
+        def seen(self) -> dict:
+            names = ("FIRST", "SECOND", "THIRD", "UNSTABLE_TEST_RAY_WORKER_LAUNCHER")
+            return {
+                "env": {name: os.environ.get(name) for name in names},
+                "python": sys.executable,
+                "entry_point": sys.argv[0],
+                "torch_preloaded": "torch" in sys.modules,
+                "pid": os.getpid(),
+                "parent": os.getppid(),
+            }
 
     env_vars = {"FIRST": "one", "SECOND": "${FIRST}-two", "THIRD": "${UNSET_IN_THE_WORKER}three"}
     ray.init(address=shared_ray, runtime_env={"env_vars": env_vars})
     try:
-        seen, python, entry_point = ray.get(worker_env.remote(), timeout=120)
+        seen = ray.get(Probe.remote().seen.remote(), timeout=120)
+        launcher = psutil.Process(int(seen["env"].pop("UNSTABLE_TEST_RAY_WORKER_LAUNCHER")))
+        assert seen["env"] == {"FIRST": "one", "SECOND": "one-two", "THIRD": "three"}
+        assert seen["python"] == sys.executable and seen["entry_point"].endswith("default_worker.py")
+        assert seen["torch_preloaded"] and "--zygote" in psutil.Process(seen["parent"]).cmdline()
+        assert "raylet" in launcher.parent().name() and "ray_worker_launcher.py" in " ".join(launcher.cmdline())
+        launcher.kill()  # as the raylet kills a worker it started
+        assert psutil.wait_procs([psutil.Process(seen["pid"])], timeout=30)[1] == []  # the worker ended with it
+        other = ray.get(Probe.remote().seen.remote(), timeout=120)
+        launcher = psutil.Process(int(other["env"]["UNSTABLE_TEST_RAY_WORKER_LAUNCHER"]))
+        psutil.Process(other["pid"]).kill()  # as a test kills an actor's process
+        assert psutil.wait_procs([launcher], timeout=30)[1] == []  # its launcher, the raylet's child, ended with it
     finally:
         ray.shutdown()
-    assert seen == {"FIRST": "one", "SECOND": "one-two", "THIRD": "three"}
-    assert python == sys.executable and entry_point.endswith("default_worker.py")
