@@ -40,8 +40,8 @@ from pathlib import Path
 NODE_ARGS = {"setup_worker_path": str(Path(__file__).resolve())}  # a node's keyword arguments that launch through this
 ZYGOTE_ENV = "UNSTABLE_TEST_RAY_WORKER_ZYGOTE"  # the zygote's socket; nodes started with it set launch through it
 LAUNCHER_ENV = "UNSTABLE_TEST_RAY_WORKER_LAUNCHER"  # in a forked worker: its launcher's pid
-# what the actors import, but not Ray: Ray's C++ settings read the environment once per process (RAY_JOB_ID, which
-# the raylet sets for each worker, among them), so a zygote that had imported Ray would give each worker its own
+# what the actors import, but not Ray: Ray's C++ settings read the environment once per process, RAY_JOB_ID (which
+# the raylet sets per worker) among them, so the workers of a zygote that had imported Ray held its empty one and hung
 ZYGOTE_PRELOAD = [
     "torch",
     "transformers.models.qwen3.modeling_qwen3",
@@ -76,7 +76,7 @@ def launch(context: dict, worker_args: list[str]) -> None:
     zygote = os.environ.get(ZYGOTE_ENV)
     if zygote and not prefix and python == sys.executable and worker_args[0].endswith(".py"):
         _wait_for(_forked_by(zygote, worker_args))
-        os._exit(0)
+        os._exit(0)  # the raylet learns how the worker ended from the worker's own connection
     command = [*prefix, "exec", python, *map(shlex.quote, worker_args)]
     os.execvp("bash", ["bash", "-c", " ".join(command)])
 

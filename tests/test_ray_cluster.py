@@ -28,7 +28,7 @@ def two_node_cluster():
     """A Ray cluster of two nodes on this machine: the head (the driver's node, with one pretend GPU) and a node
     with the custom resource `node2` and one pretend GPU, joined through RAY_ADDRESS as `unstable train` joins one.
     Its address file goes to a temporary directory of its own (RAY_TMPDIR), so no other `ray.init()` on the machine
-    joins it."""
+    joins it. Its workers start through tests/ray_worker_launcher.py without a zygote: the launcher's exec path."""
     from ray.cluster_utils import Cluster
 
     saved = {name: os.environ.get(name) for name in ("RAY_TMPDIR", "RAY_ADDRESS")}
