@@ -124,7 +124,8 @@ def start_zygote(ready_timeout: float = 120.0) -> tuple[subprocess.Popen, str]:
 
 
 def serve(path: str) -> None:
-    """Preload, then fork a worker for each request on a socket at `path`, until killed."""
+    """Preload, then fork a worker for each request on a socket at `path`, until killed or its parent (the test
+    process) ends."""
     from unstable.runtime.topology import _forwarded_env
 
     os.environ.update(_forwarded_env())  # what every run gives its actors, set before the modules that read it load
@@ -135,7 +136,10 @@ def serve(path: str) -> None:
     server.bind(path + ".tmp")
     server.listen(64)
     os.rename(path + ".tmp", path)
+    parent = os.pidfd_open(os.getppid())
     while True:
+        if parent in select.select([server, parent], [], [])[0]:
+            return
         connection, _ = server.accept()
         with connection:
             streams = array.array("i")

@@ -4,7 +4,9 @@ unset one empty; Python; Ray's worker as its entry point), and it lives and dies
 child."""
 
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -49,3 +51,12 @@ def test_a_worker_forked_from_the_zygote_sees_its_runtime_env_and_ends_with_its_
         assert psutil.wait_procs([launcher], timeout=30)[1] == []  # its launcher, the raylet's child, ended with it
     finally:
         ray.shutdown()
+
+
+def test_a_zygote_ends_with_the_process_that_started_it():
+    """A test process killed (or one that never tears down) leaves no zygote behind."""
+    starter = "import os\nfrom tests.ray_worker_launcher import start_zygote\nprint(start_zygote()[0].pid)\nos._exit(0)"
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", starter], cwd=root, capture_output=True, text=True, timeout=120)
+    zygote = psutil.Process(int(done.stdout))
+    assert psutil.wait_procs([zygote], timeout=30)[1] == []
