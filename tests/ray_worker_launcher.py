@@ -75,8 +75,13 @@ def launch(context: dict, worker_args: list[str]) -> None:
     prefix = context.get("command_prefix") or []
     zygote = os.environ.get(ZYGOTE_ENV)
     if zygote and not prefix and python == sys.executable and worker_args[0].endswith(".py"):
-        _wait_for(_forked_by(zygote, worker_args))
-        os._exit(0)  # the raylet learns how the worker ended from the worker's own connection
+        try:
+            worker = _forked_by(zygote, worker_args)
+        except (OSError, ValueError):  # the zygote is gone (its test process ended first): started by exec instead
+            pass
+        else:
+            _wait_for(worker)
+            os._exit(0)  # the raylet learns how the worker ended from the worker's own connection
     command = [*prefix, "exec", python, *map(shlex.quote, worker_args)]
     os.execvp("bash", ["bash", "-c", " ".join(command)])
 
@@ -135,8 +140,8 @@ def serve(path: str) -> None:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path + ".tmp")
     server.listen(64)
-    os.rename(path + ".tmp", path)
     parent = os.pidfd_open(os.getppid())
+    os.rename(path + ".tmp", path)
     while True:
         if parent in select.select([server, parent], [], [])[0]:
             return

@@ -3,6 +3,7 @@ imported torch, a worker gets what Ray's own launcher gives it (the runtime env'
 unset one empty; Python; Ray's worker as its entry point), and it lives and dies with its launcher, the raylet's
 child."""
 
+import json
 import os
 import subprocess
 import sys
@@ -11,9 +12,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-pytestmark = pytest.mark.slow  # starts Ray
+from .ray_worker_launcher import NODE_ARGS, ZYGOTE_ENV
 
 
+@pytest.mark.slow  # starts Ray
 def test_a_worker_forked_from_the_zygote_sees_its_runtime_env_and_ends_with_its_launcher(shared_ray):
     import ray
 
@@ -53,6 +55,7 @@ def test_a_worker_forked_from_the_zygote_sees_its_runtime_env_and_ends_with_its_
         ray.shutdown()
 
 
+@pytest.mark.slow  # the zygote imports torch and transformers
 def test_a_zygote_ends_with_the_process_that_started_it():
     """A test process killed (or one that never tears down) leaves no zygote behind."""
     starter = "import os\nfrom tests.ray_worker_launcher import start_zygote\nprint(start_zygote()[0].pid)\nos._exit(0)"
@@ -60,3 +63,14 @@ def test_a_zygote_ends_with_the_process_that_started_it():
     done = subprocess.run([sys.executable, "-c", starter], cwd=root, capture_output=True, text=True, timeout=120)
     zygote = psutil.Process(int(done.stdout))
     assert psutil.wait_procs([zygote], timeout=30)[1] == []
+
+
+def test_without_its_zygote_the_launcher_execs_the_worker_with_its_runtime_env(tmp_path):
+    worker = tmp_path / "worker.py"
+    worker.write_text("import os, sys\nprint(os.environ['SECOND'], sys.argv[1:])\n")
+    context = json.dumps({"env_vars": {"FIRST": "one", "SECOND": "${FIRST}-two"}, "command_prefix": []})
+    command = [sys.executable, NODE_ARGS["setup_worker_path"], f"--serialized-runtime-env-context={context}"]
+    command += ["--language=PYTHON", str(worker), "--x=1"]
+    env = os.environ | {ZYGOTE_ENV: str(tmp_path / "no-zygote-here")}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "one-two ['--x=1']\n"), done.stderr
