@@ -142,24 +142,30 @@ def serve(path: str) -> None:
     server.listen(64)
     parent = os.pidfd_open(os.getppid())
     os.rename(path + ".tmp", path)
-    while True:
-        if parent in select.select([server, parent], [], [])[0]:
-            return
+    while parent not in select.select([server, parent], [], [])[0]:
         connection, _ = server.accept()
         with connection:
-            streams = array.array("i")
-            _, ancillary, _, _ = connection.recvmsg(len(STREAMS_SENT), socket.CMSG_LEN(STREAMS * streams.itemsize))
-            for _, _, data in ancillary:
-                streams.frombytes(data)
-            request = ast.literal_eval(_read_all(connection).decode())
-            pid = os.fork()
-            if pid == 0:
-                server.close()
-                connection.close()
-                _become_worker(request, list(streams))
-            for fd in streams:
-                os.close(fd)
-            connection.sendall(str(pid).encode())
+            try:
+                _fork_worker(connection, closed_in_child=(server.fileno(), parent))
+            except OSError:  # the launcher died while asking: its worker, if forked, ends with it
+                continue
+
+
+def _fork_worker(connection: socket.socket, closed_in_child: tuple[int, ...]) -> None:
+    """Read one launcher's request on `connection`, fork its worker and answer with the worker's pid."""
+    streams = array.array("i")
+    _, ancillary, _, _ = connection.recvmsg(len(STREAMS_SENT), socket.CMSG_LEN(STREAMS * streams.itemsize))
+    for _, _, data in ancillary:
+        streams.frombytes(data)
+    request = ast.literal_eval(_read_all(connection).decode())
+    pid = os.fork()
+    if pid == 0:
+        for fd in (*closed_in_child, connection.fileno()):
+            os.close(fd)
+        _become_worker(request, list(streams))
+    for fd in streams:
+        os.close(fd)
+    connection.sendall(str(pid).encode())
 
 
 def _become_worker(request: dict, streams: list[int]) -> None:
