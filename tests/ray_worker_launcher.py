@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from pathlib import Path
 
 NODE_ARGS = {"setup_worker_path": str(Path(__file__).resolve())}  # a node's keyword arguments that launch through this
@@ -185,8 +186,6 @@ def _become_worker(request: dict, streams: list[int]) -> None:
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - the worker's uncaught error, reported as python reports it
-        import traceback
-
         traceback.print_exc()
         status = 1
     os._exit(status)
