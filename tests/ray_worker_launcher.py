@@ -25,7 +25,6 @@ import importlib.util
 import json
 import os
 import re
-import runpy
 import select
 import shlex
 import signal
@@ -35,7 +34,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from pathlib import Path
 
 NODE_ARGS = {"setup_worker_path": str(Path(__file__).resolve())}  # a node's keyword arguments that launch through this
@@ -132,6 +130,8 @@ def start_zygote(ready_timeout: float = 120.0) -> tuple[subprocess.Popen, str]:
 def serve(path: str) -> None:
     """Preload, then fork a worker for each request on a socket at `path`, until killed or its parent (the test
     process) ends."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.zygote runs each worker
+    import tests.zygote  # noqa: F401 - imported before the forks, as the preloads are
     from unstable.runtime.topology import _forwarded_env
 
     os.environ.update(_forwarded_env())  # what every run gives its actors, set before the modules that read it load
@@ -171,24 +171,14 @@ def _fork_worker(connection: socket.socket, closed_in_child: tuple[int, ...]) ->
 
 def _become_worker(request: dict, streams: list[int]) -> None:
     """In the forked child: the launcher's streams, environment, directory and arguments, then Ray's worker."""
+    from tests.zygote import run_as_main
+
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for target, fd in enumerate(streams):
         os.dup2(fd, target)
         os.close(fd)
-    os.environ.clear()
-    os.environ.update(request["env"] | {LAUNCHER_ENV: str(request["launcher"])})
-    os.chdir(request["cwd"])
     _end_with(request["launcher"])
-    sys.argv = list(request["argv"])
-    status = 0
-    try:
-        runpy.run_path(sys.argv[0], run_name="__main__")
-    except SystemExit as exc:
-        status = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - the worker's uncaught error, reported as python reports it
-        traceback.print_exc()
-        status = 1
-    os._exit(status)
+    run_as_main(request["argv"], request["cwd"], request["env"] | {LAUNCHER_ENV: str(request["launcher"])})
 
 
 def _end_with(launcher: int) -> None:

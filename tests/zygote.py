@@ -22,18 +22,12 @@ import tempfile
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
-PRELOAD = [
-    "torch",
-    "transformers.models.qwen3.modeling_qwen3",
-    "peft",
-    "ray",
-    "textarena",
-    "unstable.cli.main",
-    "unstable.runtime.actors",
-    "unstable.runtime.learner_actors",
-    "unstable.inference.transformers_backend",
-]
+from .ray_worker_launcher import ZYGOTE_PRELOAD
+
+# the Ray workers' zygote's modules, and Ray with the modules that import it
+PRELOAD = [*ZYGOTE_PRELOAD, "ray", "unstable.cli.main", "unstable.runtime.actors", "unstable.runtime.learner_actors"]
 
 
 @dataclass
@@ -122,6 +116,12 @@ def _run(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str, new
         os.setsid()
     for fd, path in ((1, out), (2, err)):
         os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), fd)
+    run_as_main(argv, cwd, env)
+
+
+def run_as_main(argv: list[str], cwd: str, env: dict[str, str]) -> NoReturn:
+    """In a forked child, its streams set: `python *argv` in `cwd` with exactly `env`; exits with its status after
+    its exit handlers, as `python` does."""
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
