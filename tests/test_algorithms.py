@@ -11,7 +11,7 @@ import torch
 
 from unstable.algorithms import A2C, ALGORITHMS, PPO, Reinforce, VTraceAWR
 from unstable.algorithms.base import normalized_sum
-from unstable.algorithms.batching import collate, decision_positions, micro_batches, pack_micro_batches
+from unstable.algorithms.batching import collate, decision_positions, micro_batches, pack_micro_batches, share_prompts
 from unstable.algorithms.group_baseline import group_advantages
 from unstable.algorithms.trainable import PolicyOutput
 from unstable.algorithms.vtrace_awr import one_step_vtrace
@@ -528,13 +528,13 @@ def test_top_p_log_probs_renormalise_over_the_learners_own_nucleus_and_the_targe
 
 
 def test_packed_sequences_and_bf16_autocast_give_the_padded_float32_log_probs(tiny_model_dir, bandit):
-    """`pack_sequences` runs the decoder on the real tokens only (one row, position ids restarting per sequence):
+    """`layout: packed` runs the decoder on the real tokens only (one row, position ids restarting per sequence):
     the log-probs and encodings equal the padded batch's; bf16 autocast stays within bf16's precision."""
     steps = [_step(prompt=bandit["prompt"], completion=c) for c in (bandit["good"], bandit["other_prompt"][:3])]
     outputs = {}
     for name, options in {
-        "padded": {},
-        "packed": {"pack_sequences": True},
+        "padded": {"layout": "padded"},
+        "packed": {"layout": "packed"},
         "bf16": {"autocast_dtype": "bfloat16"},
     }.items():
         policy = PolicyModel(tiny_model_dir, PolicyConfig(lora=None, **options))
@@ -547,6 +547,56 @@ def test_packed_sequences_and_bf16_autocast_give_the_padded_float32_log_probs(ti
     torch.testing.assert_close(outputs["packed"].encodings, outputs["padded"].encodings, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(outputs["bf16"].logprobs, outputs["padded"].logprobs, atol=0.1, rtol=0.05)
     assert not torch.equal(outputs["bf16"].logprobs, outputs["padded"].logprobs)  # autocast did run in bf16
+
+
+@pytest.mark.parametrize("lora", [None, LoraConfig(lora_rank=4)], ids=["full", "lora"])
+def test_shared_prompts_give_the_padded_log_probs_encodings_entropies_and_gradients(tiny_model_dir, bandit, lora):
+    """`layout: shared-prompts` (the default) runs the rows' common opening once, each distinct prompt once and each
+    row from its decision position on: a batch of vines (one prompt, several completions of different lengths),
+    another prompt with the same opening, one with none in common past the first token, and a completion cut off by
+    `max_train_len`, scores as the padded batch does, and its loss's gradients are the padded batch's."""
+    opening, board = bandit["prompt"], bandit["other_prompt"]
+    steps = [_step(prompt=opening, completion=c) for c in (bandit["good"], bandit["bad"][:2], bandit["good"][:1])]
+    steps += [_step(prompt=opening + board, completion=bandit["bad"]), _step(prompt=opening[:1] + board[::-1])]
+    steps += [_step(prompt=opening + board + board, completion=bandit["good"], temperature=0.7, top_p=0.9)]
+    results = {}
+    for layout in ("padded", "shared-prompts"):
+        torch.manual_seed(0)
+        policy = PolicyModel(tiny_model_dir, PolicyConfig(lora=lora, layout=layout))
+        policy.load()
+        batch = collate(steps, policy.pad_id, max_train_len=len(opening + board + board) + 1)
+        out = policy.forward(batch, encodings=True, entropy=True)
+        (out.logprobs.sum() + out.encodings.sum() + out.entropy.sum()).backward()
+        grads = {name: p.grad.clone() for name, p in policy.model.named_parameters() if p.grad is not None}
+        results[layout] = (out, grads)
+    (padded, padded_grads), (shared, shared_grads) = results["padded"], results["shared-prompts"]
+    assert len(set(share_prompts(batch).leaf.tolist())) == 4  # the vines' prompt is run once for its three rows
+    for name in ("logprobs", "encodings", "entropy"):
+        torch.testing.assert_close(getattr(shared, name), getattr(padded, name), atol=1e-5, rtol=1e-5)
+    assert shared_grads.keys() == padded_grads.keys() and shared_grads
+    for name, grad in padded_grads.items():  # float32 sums in another order: equal up to ~1e-6 of their size
+        assert (shared_grads[name] - grad).norm() <= 1e-5 * grad.norm(), name
+
+
+def test_shared_prompts_cut_a_batch_into_a_tree_of_its_prompts_and_suffixes():
+    """`share_prompts`: the prompts' common tokens once, then one node per way they go on, a prompt that ended
+    carried down as a node of no tokens; each row from its decision position on; the prompt tree at most
+    `max_levels` deep, each prompt's rest whole at the last; None when a prompt is empty (nothing to share)."""
+    steps = [_step(prompt=(7, 8, 9), completion=(1, 2)), _step(prompt=(7, 8, 9), completion=(3,))]
+    steps += [_step(prompt=(7, 8, 5, 6, 4), completion=(4,)), _step(prompt=(7, 8, 5, 6, 3, 2), completion=(4,))]
+    steps += [_step(prompt=(7, 8), completion=(5,))]
+    shared = share_prompts(collate(steps, pad_id=0))
+    levels = [(lv.parent.tolist(), lv.ids.tolist(), lv.mask.tolist(), lv.offsets.tolist()) for lv in shared.levels]
+    # the prompts up to the decision positions: (7, 8) twice, (7, 8, 5, 6), (7, 8, 5, 6, 3) and (7,)
+    assert levels[0] == ([0], [[7]], [[1]], [0])
+    assert levels[1] == ([0, 0], [[0], [8]], [[0], [1]], [1, 1])  # (7,) ends; the others go on with 8
+    assert levels[2] == ([0, 1, 1], [[0, 0], [0, 0], [5, 6]], [[0, 0], [0, 0], [1, 1]], [1, 2, 2])
+    assert levels[3] == ([0, 1, 2, 2], [[0], [0], [0], [3]], [[0], [0], [0], [1]], [1, 2, 4, 4])
+    assert shared.leaf.tolist() == [1, 1, 2, 3, 0] and shared.starts.tolist() == [2, 2, 4, 5, 1]
+    assert shared.suffix_ids.tolist() == [[9, 1, 2], [9, 3, 0], [4, 4, 0], [2, 4, 0], [8, 5, 0]]
+    flat = share_prompts(collate(steps, pad_id=0), max_levels=2)
+    assert [lv.ids.tolist() for lv in flat.levels] == [[[7]], [[0, 0, 0, 0], [8, 0, 0, 0], [8, 5, 6, 0], [8, 5, 6, 3]]]
+    assert share_prompts(collate([_step(prompt=(7,)), *steps], pad_id=0)) is None
 
 
 # --- learning-rate schedule ---------------------------------------------------------------------------------

@@ -105,7 +105,7 @@ def test_bf16_full_finetuning_keeps_float32_masters_so_a_1e_5_step_moves_every_w
     hook = layer.register_forward_hook(lambda module, inputs, output: computed.append(output.dtype))
     learner.forward(batch)
     hook.remove()
-    assert computed == [torch.bfloat16]  # the forward computes in the model dtype
+    assert computed and set(computed) == {torch.bfloat16}  # the forward computes in the model dtype (each pass)
 
     saved = load_file(f"{learner.save_checkpoint(str(tmp_path / 'ckpt'))}/model.safetensors")
     assert {v.dtype for v in saved.values()} == {torch.bfloat16}  # what the engines load, at half the size

@@ -7,6 +7,7 @@ The layer between the records and the algorithms: `pack_micro_batches` groups a 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 import torch
@@ -97,6 +98,121 @@ def decision_positions(batch: TokenBatch) -> torch.Tensor:
     first_target = batch.completion_mask.argmax(-1)  # (B,)
     last_kept = batch.attention_mask.sum(-1) - 1  # (B,)
     return torch.where(batch.completion_mask.any(-1), first_target, last_kept)
+
+
+PROMPT_TREE_LEVELS = 4
+"""Levels of the prompt tree `share_prompts` runs level by level; below the last, each distinct prompt's rest is
+run whole (bounding a micro-batch's decoder calls at this plus one)."""
+
+
+@dataclass
+class PromptLevel:
+    """One level of the prompt tree: each node's tokens, run at once, attending to its ancestors' keys and values.
+    A prompt that ended above the level is carried through it as a node of padding only."""
+
+    parent: torch.Tensor  # (n,) long: each node's parent among the level above (0 for the first level)
+    ids: torch.Tensor  # (n, width) right-padded tokens
+    mask: torch.Tensor  # (n, width) 1 on real tokens
+    offsets: torch.Tensor  # (n,) long: the position of each node's first token in its prompts
+
+
+@dataclass
+class SharedPrompts:
+    """A micro-batch cut for the `shared-prompts` layout: the prompts' tree of shared prefixes, up to each row's
+    decision position, run level by level (`levels`; each node's tokens once, however many rows share them), then
+    each row from its decision position on (`suffix_ids`: the last prompt token and the completion, whose hidden
+    states are all the log-probs and encodings need), attending to its prompt's nodes (`leaf`)."""
+
+    levels: list[PromptLevel]
+    leaf: torch.Tensor  # (B,) long: each row's prompt's node in the last level
+    suffix_ids: torch.Tensor  # (B, S) each row's tokens from its decision position on, right-padded
+    suffix_mask: torch.Tensor  # (B, S)
+    starts: torch.Tensor  # (B,) long: each row's decision position, where its suffix starts
+
+
+def share_prompts(batch: TokenBatch, max_levels: int = PROMPT_TREE_LEVELS) -> SharedPrompts | None:
+    """`batch` cut for the `shared-prompts` layout (see `SharedPrompts`); None when a row's decision position is
+    its first token (an empty prompt: nothing to share)."""
+    starts = decision_positions(batch)  # (B,)
+    if int(starts.min()) < 1:
+        return None
+    rows = batch.input_ids.tolist()
+    prompts = [tuple(row[:start]) for row, start in zip(rows, starts.tolist())]
+    levels, leaf_of = _tree_levels(_prompt_tree(sorted(set(prompts)), 0, 0, max_levels))
+    lengths = batch.attention_mask.sum(-1).tolist()
+    suffix_ids, suffix_mask = _right_padded([row[s:n] for row, s, n in zip(rows, starts.tolist(), lengths)])
+    device = batch.input_ids.device
+    return SharedPrompts(
+        [PromptLevel(*(t.to(device) for t in (lv.parent, lv.ids, lv.mask, lv.offsets))) for lv in levels],
+        torch.tensor([leaf_of[p] for p in prompts], device=device),
+        suffix_ids.to(device),
+        suffix_mask.to(device),
+        starts,
+    )
+
+
+@dataclass
+class _Node:
+    """A node of the prompt tree: its tokens from `offset` on, and its children, or the prompt that ends here."""
+
+    tokens: tuple
+    offset: int
+    children: list[_Node]
+    prompt: tuple | None = None
+
+
+def _prompt_tree(prompts: list[tuple], offset: int, depth: int, max_levels: int) -> list[_Node]:
+    """The tree of the sorted distinct `prompts` (all equal before `offset`) from `depth` down: their common tokens
+    as one node, then one subtree per next token, a prompt that ends there as a child of no tokens; one leaf per
+    prompt at the last level. Prompts with no first token in common start several trees."""
+    if len(prompts) == 1 or depth == max_levels - 1:
+        return [_Node(p[offset:], offset, [], p) for p in prompts]
+    end = offset + _common_length(prompts, offset)
+    children = []
+    for token, group in itertools.groupby(prompts, key=lambda p: p[end] if len(p) > end else None):
+        group = list(group)
+        if token is None:  # the one prompt that ends at `end` (they are distinct)
+            children.append(_Node((), end, [], group[0]))
+        else:
+            children += _prompt_tree(group, end, depth + 1 if end > offset else depth, max_levels)
+    return [_Node(prompts[0][offset:end], offset, children)] if end > offset else children
+
+
+def _tree_levels(roots: list[_Node]) -> tuple[list[PromptLevel], dict[tuple, int]]:
+    """The tree's nodes level by level, a prompt that ended above the deepest level carried down as nodes of no
+    tokens; and each prompt's node in the last level."""
+    levels, current = [], [(0, node) for node in roots]
+    while True:
+        ids, mask = _right_padded([node.tokens for _, node in current])
+        parents, offsets = zip(*[(parent, node.offset) for parent, node in current])
+        levels.append(PromptLevel(torch.tensor(parents), ids, mask, torch.tensor(offsets)))
+        if all(not node.children for _, node in current):
+            return levels, {node.prompt: index for index, (_, node) in enumerate(current)}
+        current = [
+            (index, child)
+            for index, (_, node) in enumerate(current)
+            for child in node.children or [_Node((), node.offset + len(node.tokens), [], node.prompt)]
+        ]
+
+
+def _common_length(prompts: list[tuple], offset: int) -> int:
+    """How many tokens from `offset` on every prompt has in common."""
+    first, last = prompts[0], prompts[-1]  # sorted: the first and the last differ first
+    length = 0
+    while offset + length < min(len(first), len(last)) and first[offset + length] == last[offset + length]:
+        length += 1
+    return length
+
+
+def _right_padded(sequences: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists as a right-padded `(n, longest)` tensor (pad 0) and its mask."""
+    longest = max(map(len, sequences), default=0)
+    ids = torch.zeros((len(sequences), longest), dtype=torch.long)
+    mask = torch.zeros((len(sequences), longest), dtype=torch.long)
+    for row, tokens in enumerate(sequences):
+        ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        mask[row, : len(tokens)] = 1
+    return ids, mask
 
 
 def pack_micro_batches(

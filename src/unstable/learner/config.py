@@ -137,10 +137,14 @@ class PolicyConfig(Settings):
         description="run forward passes under torch.autocast in this dtype (None: bf16 for a bfloat16 model, else "
         "none); never float16, whose gradients underflow without loss scaling, which the learner does not do",
     )
-    pack_sequences: bool = Field(
-        False,
-        description="run the decoder on each micro-batch's real tokens packed into one row, no padding (position "
-        "ids restart per sequence); pays with a varlen attention kernel (flash_attention_2 on GPU)",
+    layout: Literal["shared-prompts", "padded", "packed"] = Field(
+        "shared-prompts",
+        description="how the decoder runs over a micro-batch, each the same log-probs: 'shared-prompts' runs the "
+        "prefix every row shares once, each distinct prompt once, and each row's completion from its last prompt "
+        "token on (vines and groups repeat a prompt; the rules open every prompt), or as 'padded' with "
+        "gradient_checkpointing or sharding fsdp; 'padded' runs every row whole; "
+        "'packed' runs the real tokens in one row, position ids restarting per sequence (pays with a varlen "
+        "attention kernel, flash_attention_2 on GPU)",
     )
 
     @field_validator("initial_lora_path")

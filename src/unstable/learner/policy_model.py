@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from unstable import atomic
-from unstable.algorithms.batching import TokenBatch, decision_positions, micro_batches
+from unstable.algorithms.batching import SharedPrompts, TokenBatch, decision_positions, micro_batches, share_prompts
 from unstable.algorithms.trainable import PolicyOutput
 from unstable.inference.decoding import top_p_nucleus
 from unstable.learner.config import PolicyConfig
@@ -253,9 +253,18 @@ class PolicyModel:
         return torch.autocast(device_type=self.device, dtype=dtype, enabled=dtype is not None)
 
     def _hidden_states(self, decoder: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
-        """The decoder's last hidden states `(B, L, H)`; with `cfg.pack_sequences` computed on the real tokens
-        packed into one row (no attention mask, position ids restarting per sequence) and scattered back."""
-        if not self.cfg.pack_sequences:  # no KV cache: a training forward never decodes further
+        """The decoder's last hidden states `(B, L, H)` in `cfg.layout`: 'padded' whole rows; 'packed' the real
+        tokens packed into one row (no attention mask, position ids restarting per sequence), scattered back;
+        'shared-prompts' exact from each row's decision position on, zeros before it (`_shared_prompt_states`), or
+        'padded' where gradient checkpointing would drop the keys and values it hands on, or FSDP's layers, run
+        more than once before the backward pass, would have freed their gathered weights."""
+        from torch.distributed.fsdp import FSDPModule
+
+        sharded = isinstance(decoder.layers[0], FSDPModule)
+        sharing = self.cfg.layout == "shared-prompts" and not (self.cfg.gradient_checkpointing or sharded)
+        if sharing and (shared := share_prompts(batch)) is not None:
+            return _shared_prompt_states(decoder, shared, batch.input_ids.shape[1])
+        if self.cfg.layout != "packed":  # no KV cache: a training forward never decodes further
             return decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)[0]
         real = batch.attention_mask.bool()  # (B, L)
         positions = batch.attention_mask.cumsum(-1) - 1  # (B, L): 0, 1, ... along each sequence's own tokens
@@ -386,6 +395,38 @@ class PolicyModel:
         with torch.no_grad():
             for name, value in state.items():
                 assign(params[name], value)
+
+
+def _shared_prompt_states(decoder: torch.nn.Module, shared: SharedPrompts, length: int) -> torch.Tensor:
+    """Hidden states `(B, length, H)` of a micro-batch cut by `share_prompts`: each level of the prompt tree runs
+    once, attending to the keys and values of its nodes' ancestors (the cache's rows picked by parent); then each
+    row's suffix, attending to its prompt's. Exact (the same attention over the same keys, at the same positions)
+    where the log-probs and encodings read them, from each row's decision position on; zeros before it.
+    Gradients flow back through the picked rows, so each shared token's backward pass also runs once."""
+    cache, seen = None, None  # seen: (nodes, tokens so far) 1 where a cached key is a real token
+    for level in shared.levels:
+        if cache is not None:
+            cache.batch_select_indices(level.parent)
+            seen = seen[level.parent]
+        seen = level.mask if seen is None else torch.cat([seen, level.mask], 1)
+        if level.ids.shape[1]:
+            positions = level.offsets[:, None] + torch.arange(level.ids.shape[1], device=level.ids.device)
+            cache = decoder(
+                input_ids=level.ids, attention_mask=seen, position_ids=positions, past_key_values=cache, use_cache=True
+            ).past_key_values
+    cache.batch_select_indices(shared.leaf)
+    rows, width = shared.suffix_ids.shape
+    positions = shared.starts[:, None] + torch.arange(width, device=shared.starts.device)  # (B, S)
+    states = decoder(
+        input_ids=shared.suffix_ids,
+        attention_mask=torch.cat([seen[shared.leaf], shared.suffix_mask], 1),
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=False,
+    )[0]  # (B, S, H)
+    real_rows, real_cols = shared.suffix_mask.nonzero(as_tuple=True)
+    where = (real_rows, shared.starts[real_rows] + real_cols)
+    return states.new_zeros(rows, length, states.shape[-1]).index_put(where, states[real_rows, real_cols])
 
 
 class ScoringPass(torch.nn.Module):
