@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from unstable.algorithms import A2C, ALGORITHMS, PPO, Reinforce, VTraceAWR
+from unstable.algorithms import A2C, ALGORITHMS, PPO, MagneticMirrorDescent, Reinforce, VTraceAWR
 from unstable.algorithms.base import normalized_sum
 from unstable.algorithms.batching import collate, decision_positions, micro_batches, pack_micro_batches, share_prompts
 from unstable.algorithms.group_baseline import group_advantages
@@ -293,6 +293,38 @@ def test_each_algorithm_learns_the_two_action_bandit(tiny_model_dir, bandit, nam
     assert all(math.isfinite(v) for v in metrics.values())
     # on-policy data: ratio 1, up to what PPO's earlier minibatches of its first epoch moved
     assert metrics["learner/ratio_mean"] == pytest.approx(1.0, abs=1e-4 if name != "ppo" else 0.05)
+
+
+def test_mmd_learns_the_two_action_bandit_from_samples_of_its_policy(tiny_model_dir, bandit):
+    """Magnetic mirror descent's weights stand for samples of the policy (vines sample each state's moves from it):
+    a group of 16 with each action as often as the policy plays it, relative to the other."""
+    learner = _learner(tiny_model_dir, MagneticMirrorDescent(eta=1.0, alpha=0.1))
+    before = _margin(learner, bandit)
+    for _ in range(20):
+        good = round(16 / (1 + math.exp(-_margin(learner, bandit))))
+        good = min(max(good, 1), 15)
+        batch = _bandit_batch(learner, bandit, copies=1)
+        metrics = learner.train_step([batch[0]] * good + [batch[1]] * (16 - good))
+    assert _margin(learner, bandit) - before > 1.5
+    assert all(math.isfinite(v) for v in metrics.values()) and metrics[keys.AWR_WEIGHT_MAX] > 1
+
+
+def test_mmd_weights_are_each_groups_mirror_descent_target_over_the_sampling_policy():
+    """`MagneticMirrorDescent.target_weights`: w = target / mu normalised over the group's samples, the target
+    mu^(1/(1+a e)) exp(e Q/(1+a e)) rho^(a e/(1+a e)); a group's constant shift of Q cancels; a step alone weighs 1."""
+    algo = MagneticMirrorDescent(eta=2.0, alpha=0.5)
+    mu, rho, q = {"x": 0.75, "y": 0.25}, {"x": 0.5, "y": 0.5}, {"x": 1.0, "y": -1.0}
+    samples = ["x", "x", "x", "y"]  # as sampled from mu
+    steps = [_step(completion=(3,), behaviour=(math.log(mu[a]),), reward=q[a] + 5.0, group_id="s") for a in samples]
+    steps.append(_step(reward=3.0))  # no group
+    weights = algo.target_weights(steps, [math.log(rho[a]) for a in samples] + [0.0])
+    target = {a: mu[a] ** (1 / 2) * math.exp(2 * q[a] / 2) * rho[a] ** (1 / 2) for a in mu}
+    total = sum(target.values())
+    ratio = {a: target[a] / total / mu[a] for a in mu}  # the exact target over mu
+    mean = sum(ratio[a] for a in samples) / len(samples)
+    assert weights == pytest.approx([ratio[a] / mean for a in samples] + [1.0])
+    with pytest.raises(ValueError, match="eta"):
+        MagneticMirrorDescent(eta=0.0)
 
 
 @pytest.mark.parametrize("lora", [LoraConfig(lora_rank=4, target_modules=["q_proj", "lm_head"]), None])

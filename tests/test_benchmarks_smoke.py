@@ -83,6 +83,7 @@ SMOKES = {
     ),
     "benchmarks/tictactoe_probe.py": ([TINY, "--positions", "8", "--out", f"{TMP}/probe.json"], "probe.json", "center"),
     "experiments/kuhn_card_reading.py": (["probe", TINY, "--steps", "1"], None, "step 1:"),
+    "experiments/kuhn_dynamics.py": (["--steps", "20", "--seeds", "1", "--every", "10", "--mmd"], None, "end: mean"),
     "experiments/warm_start.py": (
         ["--games", "4", "--held-out", "4", "--updates", "2", "--eval-every", "1", "--batch-size", "4"]
         + ["--variants", "init 0.1, full fine-tune", "--out-dir", TMP],

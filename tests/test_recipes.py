@@ -85,7 +85,7 @@ def test_the_benchmark_recipes_are_the_ones_measured_from_a_fresh_clone():
 
 @pytest.mark.usefixtures("shared_ray")  # runs join the test process's Ray
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["kuhn-poker-tiny.yaml", "kuhn-poker-tiny-vines.yaml"])
+@pytest.mark.parametrize("recipe", ["kuhn-poker-tiny.yaml", "kuhn-poker-tiny-vines.yaml", "kuhn-poker-tiny-mmd.yaml"])
 def test_a_recipe_runs_through_unstable_train_as_it_is(recipe, tiny_model_dir, tmp_path):
     """The Kuhn Poker recipes, cut to 2 learner steps after a 4-game warm start, through the `unstable` command."""
     sets = [
