@@ -25,7 +25,7 @@ import statistics
 
 from unstable.games.kuhn import CARDS, INFOSETS, exploitability
 
-Move = tuple[str, int, float]  # (information set, aggressive 0/1, credit)
+Move = tuple[str, int, float, int]  # (information set, aggressive 0/1, credit, its group: the state it was drawn in)
 ENDS = ("cc", "bc", "cbc", "bf", "cbf")  # the finished betting sequences (f = fold)
 
 
@@ -64,6 +64,7 @@ def collect(
     """`batch` moves: every decision of self-play games, each with its `rollouts` vines, credited with the mean
     return of its group's moves that chose the same action (less the group's mean return with `state_baseline`)."""
     moves: list[Move] = []
+    groups = 0
     while len(moves) < batch:
         deal = tuple(rng.sample(CARDS, 2))
         history = ""
@@ -80,7 +81,8 @@ def collect(
                 returns = [r for a, r in group if a == action]
                 if returns:
                     q = statistics.fmean(returns) - baseline
-                    moves += [(key, action, q) for _ in returns]
+                    moves += [(key, action, q, groups) for _ in returns]
+            groups += 1
             history += _letter(history, bool(group[0][0]))  # the game goes on with its own move
     return moves[:batch]
 
@@ -126,6 +128,8 @@ def train(args: argparse.Namespace, seed: int) -> list[float]:
         lr = args.lr * lr_factor(step, args.steps, args.schedule)
         if args.mmd:
             mmd_step(logits, moves, lr, args.anchor, args.by_reach)
+        elif args.mmd_weights:
+            optimizer.step(logits, mmd_weight_gradients(logits, probs, moves, args.eta, args.anchor), lr)
         elif args.mmd_target:
             optimizer.step(logits, mmd_target_gradients(logits, probs, moves, args.eta, args.anchor), lr)
         elif args.sgd:
@@ -141,11 +145,11 @@ def pg_gradients(
 ) -> dict[str, float]:
     """The recipe's loss's gradient in each logit: REINFORCE on the (z-scored) credits plus `anchor` x the k3 KL
     estimate's (or, `--reverse-kl`, the exact KL to even play's), each move's over p(1 - p) with `--natural`."""
-    credits = [credit for _, _, credit in moves]
+    credits = [credit for _, _, credit, _ in moves]
     mean = 0.0 if args.state_baseline else statistics.fmean(credits)
     std = (statistics.pstdev(credits) or 1.0) if args.z_score else 1.0
     grads = {key: 0.0 for key in INFOSETS}
-    for key, action, credit in moves:
+    for key, action, credit, _ in moves:
         p = probs[key]
         dlogp = action - p  # d log pi(action) / d logit
         if args.reverse_kl:  # d/dlogit of KL(pi || even play)
@@ -166,7 +170,7 @@ def mmd_target_gradients(
     target (`mmd_step`'s new policy, from the batch's gap) to the policy, one term per move: an optimizer step
     toward the target rather than onto it, as a language model's learner would take."""
     by_infoset: dict[str, list[list[float]]] = {}
-    for key, action, credit in moves:
+    for key, action, credit, _ in moves:
         by_infoset.setdefault(key, [[], []])[action].append(credit)
     grads = {key: 0.0 for key in INFOSETS}
     for key, (passive, aggressive) in by_infoset.items():
@@ -177,13 +181,42 @@ def mmd_target_gradients(
     return grads
 
 
+def mmd_weight_gradients(
+    logits: dict[str, float], probs: dict[str, float], moves: list[Move], eta: float, alpha: float
+) -> dict[str, float]:
+    """The gradient of `unstable.algorithms.mmd`'s loss in each logit, as the language model's learner computes it:
+    the moves pooled by what their player saw (the information set, the model's prompt), each move's action
+    credited with its mean return there, the mirror-descent target over the distinct moves sampled (from their
+    sampling probabilities, those credits and the magnet, even play), the set's loss its moves x the cross-entropy
+    from that target; a set where one move only was sampled is left out (its target is unknown)."""
+    step_size = alpha * eta
+    pooled: dict[str, dict[int, list[float]]] = {}
+    for key, action, credit, _ in moves:
+        pooled.setdefault(key, {}).setdefault(action, []).append(credit)
+    grads = {key: 0.0 for key in INFOSETS}
+    for key, by_action in pooled.items():
+        if len(by_action) < 2:
+            continue
+        p = probs[key]
+        exponents = {
+            a: (math.log(p if a else 1 - p) + eta * statistics.fmean(c) + step_size * math.log(0.5)) / (1 + step_size)
+            for a, c in by_action.items()
+        }
+        top = max(exponents.values())
+        total = sum(math.exp(x - top) for x in exponents.values())
+        target = math.exp(exponents[1] - top) / total
+        size = sum(map(len, by_action.values()))
+        grads[key] += size * (p - target) / len(moves)
+    return grads
+
+
 def mmd_step(logits: dict[str, float], moves: list[Move], eta: float, alpha: float, by_reach: bool = False) -> None:
     """Magnetic mirror descent (Sokota et al. 2022) on each visited information set, its magnet even play: the
     logit moves by eta x the sampled gap between the aggressive and the passive move's mean credit, then shrinks
     toward 0 by 1 / (1 + alpha x eta); each information set counts once, however often it was reached (with
     `by_reach`, its step in proportion to its moves in the batch)."""
     by_infoset: dict[str, list[list[float]]] = {}
-    for key, action, credit in moves:
+    for key, action, credit, _ in moves:
         by_infoset.setdefault(key, [[], []])[action].append(credit)
     for key, (passive, aggressive) in by_infoset.items():
         if passive and aggressive:
@@ -210,6 +243,7 @@ def main() -> None:
     parser.add_argument("--by-reach", action="store_true", help="--mmd's step in proportion to the visits")
     parser.add_argument("--mmd", action="store_true", help="magnetic mirror descent per information set, not Adam")
     parser.add_argument("--mmd-target", action="store_true", help="Adam on the cross-entropy to --mmd's target")
+    parser.add_argument("--mmd-weights", action="store_true", help="Adam on unstable.algorithms.mmd's loss")
     parser.add_argument("--eta", type=float, default=1.0, help="--mmd-target's mirror step")
     args = parser.parse_args()
     ends = []

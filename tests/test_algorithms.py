@@ -282,6 +282,7 @@ def _margin(learner, bandit):
         ("ppo", {"epochs": 2, "minibatch_size": 4}),
         ("a2c", {}),
         ("vtrace_awr", {"awr_temperature": 0.5}),
+        ("mmd", {"eta": 1.0, "alpha": 0.1}),
     ],
 )
 def test_each_algorithm_learns_the_two_action_bandit(tiny_model_dir, bandit, name, args):
@@ -295,34 +296,22 @@ def test_each_algorithm_learns_the_two_action_bandit(tiny_model_dir, bandit, nam
     assert metrics["learner/ratio_mean"] == pytest.approx(1.0, abs=1e-4 if name != "ppo" else 0.05)
 
 
-def test_mmd_learns_the_two_action_bandit_from_samples_of_its_policy(tiny_model_dir, bandit):
-    """Magnetic mirror descent's weights stand for samples of the policy (vines sample each state's moves from it):
-    a group of 16 with each action as often as the policy plays it, relative to the other."""
-    learner = _learner(tiny_model_dir, MagneticMirrorDescent(eta=1.0, alpha=0.1))
-    before = _margin(learner, bandit)
-    for _ in range(20):
-        good = round(16 / (1 + math.exp(-_margin(learner, bandit))))
-        good = min(max(good, 1), 15)
-        batch = _bandit_batch(learner, bandit, copies=1)
-        metrics = learner.train_step([batch[0]] * good + [batch[1]] * (16 - good))
-    assert _margin(learner, bandit) - before > 1.5
-    assert all(math.isfinite(v) for v in metrics.values()) and metrics[keys.AWR_WEIGHT_MAX] > 1
-
-
-def test_mmd_weights_are_each_groups_mirror_descent_target_over_the_sampling_policy():
-    """`MagneticMirrorDescent.target_weights`: w = target / mu normalised over the group's samples, the target
-    mu^(1/(1+a e)) exp(e Q/(1+a e)) rho^(a e/(1+a e)); a group's constant shift of Q cancels; a step alone weighs 1."""
+def test_mmd_weights_are_each_prompts_mirror_descent_target_over_its_sampled_moves():
+    """`MagneticMirrorDescent.target_weights`: the moves at one prompt pooled, each distinct move credited with its mean
+    reward there, the target mu^(1/(1+a e)) exp(e Q/(1+a e)) rho^(a e/(1+a e)) over the distinct moves, each step
+    weighted n_s target(a) / n_(s,a); a shift of every reward at a prompt changes nothing; a prompt where one move
+    was sampled weighs 0."""
     algo = MagneticMirrorDescent(eta=2.0, alpha=0.5)
-    mu, rho, q = {"x": 0.75, "y": 0.25}, {"x": 0.5, "y": 0.5}, {"x": 1.0, "y": -1.0}
-    samples = ["x", "x", "x", "y"]  # as sampled from mu
-    steps = [_step(completion=(3,), behaviour=(math.log(mu[a]),), reward=q[a] + 5.0, group_id="s") for a in samples]
-    steps.append(_step(reward=3.0))  # no group
-    weights = algo.target_weights(steps, [math.log(rho[a]) for a in samples] + [0.0])
-    target = {a: mu[a] ** (1 / 2) * math.exp(2 * q[a] / 2) * rho[a] ** (1 / 2) for a in mu}
+    mu, rho = {(3,): 0.75, (4,): 0.25}, {(3,): 0.5, (4,): 0.5}
+    samples = [((3,), 1.5), ((3,), 0.5), ((3,), 1.0), ((4,), -1.0)]  # Q(3) = 1, Q(4) = -1
+    steps = [_step(completion=c, behaviour=(math.log(mu[c]),), reward=r + 5.0) for c, r in samples]
+    steps.append(_step(prompt=(9,), completion=(3,), reward=3.0))  # alone at its prompt
+    weights = algo.target_weights(steps, [math.log(rho[c]) for c, _ in samples] + [0.0])
+    q = {(3,): 1.0, (4,): -1.0}
+    target = {c: mu[c] ** (1 / 2) * math.exp(2 * q[c] / 2) * rho[c] ** (1 / 2) for c in mu}  # alpha eta = 1
     total = sum(target.values())
-    ratio = {a: target[a] / total / mu[a] for a in mu}  # the exact target over mu
-    mean = sum(ratio[a] for a in samples) / len(samples)
-    assert weights == pytest.approx([ratio[a] / mean for a in samples] + [1.0])
+    counts = {(3,): 3, (4,): 1}
+    assert weights == pytest.approx([4 * target[c] / total / counts[c] for c, _ in samples] + [0.0])
     with pytest.raises(ValueError, match="eta"):
         MagneticMirrorDescent(eta=0.0)
 

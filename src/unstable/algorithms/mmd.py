@@ -1,28 +1,27 @@
-"""Magnetic mirror descent (Sokota et al. 2022) on sampled groups: each decision state's moves are pulled toward
-the policy that one mirror-descent step with a magnet would give, by a weighted log-likelihood (as AWR fits its
-target), instead of a policy-gradient step.
+"""Magnetic mirror descent (Sokota et al. 2022) on sampled moves: the moves made where their player saw the same
+thing (one prompt: in an imperfect-information game, one information set) are pulled toward the policy that one
+mirror-descent step with a magnet gives there, by a weighted log-likelihood (the cross-entropy from that target),
+instead of a policy-gradient step.
 
-    target(a | s) proportional to  mu(a | s)^(1/(1+alpha*eta)) * exp(eta * Q(s, a) / (1+alpha*eta))
-                                   * rho(a | s)^(alpha*eta/(1+alpha*eta))
-    u_i  = (eta * r_i + alpha * eta * (log rho(a_i) - log mu(a_i))) / (1 + alpha * eta)
-    w_i  = exp(u_i) / mean_{j in g(i)} exp(u_j)                  (target / mu, normalised over the group's samples)
-    loss = -(1/N) sum_i w_i * log pi(a_i | s_i)                   (the cross-entropy from the target to pi)
+    Q(s, a)    = the mean reward of the batch's moves a at prompt s         (their returns: no sampling transform)
+    target(a)  proportional to  mu(a)^(1/(1+alpha*eta)) exp(eta Q(s, a)/(1+alpha*eta)) rho(a)^(alpha*eta/(1+alpha*eta))
+                                                                            over the distinct moves sampled at s
+    loss       = -(1/N) sum_s n_s sum_a target(a) log pi(a | s)            (n_s moves at s, N in the batch)
 
 mu is the policy that sampled the moves (their recorded log-probs), rho the magnet: the reference policy (the warm
-start) with weight `alpha`, a temperature in the rewards' units; `eta` is the mirror step. r_i must be an estimate
-of Q(s, a_i) in those units (vines' `BaselineByGroup(by_action: true)`, no z-score: a constant shift per group
-cancels in w). A group is the moves sampled from one copied state (`Step.group_id`); a step alone in its group gets
-weight 1. In exact play, with a fixed magnet, the iterates converge to the magnet's regularised equilibrium (the
-last iterate, not only the average), where plain self-play policy gradient cycles; `experiments/kuhn_dynamics.py`
-measures that on Kuhn Poker's table. The weights are computed on the whole batch before data-parallel learners
-take their shards, so every group keeps its normaliser however the batch is split.
+start) with weight `alpha`, a temperature in the rewards' units (chips); `eta` is the mirror step. A prompt where one
+move only was sampled has no target the batch can tell (the others' values are unknown) and is left out; vines
+(`collector.vines`) sample several moves at each decision. In exact play, with a fixed magnet, the iterates converge
+to the magnet's regularised equilibrium (the last iterate, not only the average), where self-play policy gradient
+cycles; `experiments/kuhn_dynamics.py` measures this loss on Kuhn Poker's table. The weights are computed on the
+whole batch before data-parallel learners take their shards.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
-from collections.abc import Hashable
 from dataclasses import replace
 
 import torch
@@ -57,12 +56,12 @@ class MagneticMirrorDescent(BaseAlgo):
             loss.backward()
             loss_total += loss.item()
         grad_norm = policy.optimizer_step()
-        # the largest weight says how far the targets moved from the sampling policy, as AWR's does
         return {
             keys.LOSS: loss_total,
             keys.PG_LOSS: loss_total,
             keys.GRAD_NORM: grad_norm,
-            keys.AWR_WEIGHT_MAX: max(weights),
+            keys.AWR_WEIGHT_MAX: max(weights),  # how far the targets moved from the sampling policy
+            keys.GROUPED_FRACTION: sum(w > 0 for w in weights) / len(weights),  # moves at a prompt with a target
         }
 
     def magnet_logprobs(self, steps: list[Step], policy: TrainablePolicy) -> list[float]:
@@ -77,20 +76,28 @@ class MagneticMirrorDescent(BaseAlgo):
         return totals.tolist()
 
     def target_weights(self, steps: list[Step], magnet_logprobs: list[float]) -> list[float]:
-        """w_i of the module docstring for every step, normalised within its group over the batch."""
-        step_size = self.alpha * self.eta
-        exponents = [
-            (self.eta * step.reward + step_size * (magnet - sum(step.behaviour_logprobs))) / (1 + step_size)
-            for step, magnet in zip(steps, magnet_logprobs)
-        ]
-        groups: dict[Hashable, list[int]] = defaultdict(list)
+        """Each step's weight n_s target(a) / n_(s,a) (the module docstring's loss as a weighted log-likelihood);
+        0 at a prompt where one distinct move was sampled."""
+        moves: dict[tuple, dict[tuple, list[int]]] = defaultdict(lambda: defaultdict(list))
         for index, step in enumerate(steps):
-            groups[step.group_id if step.group_id is not None else ("alone", index)].append(index)
-        weights = [1.0] * len(steps)
-        for members in groups.values():
-            top = max(exponents[i] for i in members)
-            scaled = [math.exp(exponents[i] - top) for i in members]
-            mean = sum(scaled) / len(scaled)
-            for i, value in zip(members, scaled):
-                weights[i] = value / mean
+            moves[step.prompt_token_ids][step.completion_token_ids].append(index)
+        weights = [0.0] * len(steps)
+        for by_move in moves.values():
+            if len(by_move) < 2:
+                continue
+            exponents = {move: self._exponent(steps, magnet_logprobs, indices) for move, indices in by_move.items()}
+            top = max(exponents.values())
+            total = sum(math.exp(x - top) for x in exponents.values())
+            size = sum(map(len, by_move.values()))
+            for move, indices in by_move.items():
+                for index in indices:
+                    weights[index] = size * math.exp(exponents[move] - top) / total / len(indices)
         return weights
+
+    def _exponent(self, steps: list[Step], magnet_logprobs: list[float], indices: list[int]) -> float:
+        """log target(a) up to the prompt's constant, for the move the steps at `indices` made."""
+        step_size = self.alpha * self.eta
+        sampled = statistics.fmean(sum(steps[i].behaviour_logprobs) for i in indices)
+        value = statistics.fmean(steps[i].reward for i in indices)
+        magnet = statistics.fmean(magnet_logprobs[i] for i in indices)
+        return (sampled + self.eta * value + step_size * magnet) / (1 + step_size)
