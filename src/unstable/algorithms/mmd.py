@@ -33,7 +33,7 @@ from unstable.tracking import keys
 
 
 class MagneticMirrorDescent(BaseAlgo):
-    """One optimizer step toward each state's magnetic mirror descent target; see the module docstring."""
+    """One optimizer step toward each prompt's magnetic mirror descent target; see the module docstring."""
 
     def __init__(self, eta: float = 1.0, alpha: float = 0.1):
         if not (math.isfinite(eta) and eta > 0):
