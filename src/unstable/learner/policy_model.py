@@ -260,7 +260,8 @@ class PolicyModel:
         more than once before the backward pass, would have freed their gathered weights."""
         from torch.distributed.fsdp import FSDPModule
 
-        sharded = isinstance(decoder.layers[0], FSDPModule)
+        layers = getattr(decoder, "layers", None)  # FSDP shards a decoder's `layers` (`DataParallel.shard_model`)
+        sharded = layers is not None and isinstance(layers[0], FSDPModule)
         sharing = self.cfg.layout == "shared-prompts" and not (self.cfg.gradient_checkpointing or sharded)
         if sharing and (shared := share_prompts(batch)) is not None:
             return _shared_prompt_states(decoder, shared, batch.input_ids.shape[1])
