@@ -8,6 +8,7 @@ The layer between the records and the algorithms: `pack_micro_batches` groups a 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 import torch
@@ -264,3 +265,15 @@ def micro_batches(
         collate([steps[i] for i in group], pad_id, max_train_len, rows=group).to(device)
         for group in pack_micro_batches(steps, token_budget, max_rows, max_train_len, min_count)
     ]
+
+
+@torch.no_grad()
+def completion_totals(
+    batches: Iterable[TokenBatch], token_logprobs: Callable[[TokenBatch], torch.Tensor], count: int
+) -> list[float]:
+    """The summed completion log-prob of each of `count` steps, in their order, with `token_logprobs` giving a
+    batch's `(B, L-1)` token log-probs (a policy's, a reference's)."""
+    totals = torch.zeros(count)
+    for batch in batches:
+        totals[batch.rows] = (token_logprobs(batch) * batch.completion_mask).sum(-1).float().cpu()  # (b,)
+    return totals.tolist()

@@ -24,9 +24,8 @@ import statistics
 from collections import defaultdict
 from dataclasses import replace
 
-import torch
-
 from unstable.algorithms.base import BaseAlgo, normalized_sum
+from unstable.algorithms.batching import completion_totals
 from unstable.algorithms.trainable import TrainablePolicy
 from unstable.records import Step
 from unstable.tracking import keys
@@ -68,12 +67,7 @@ class MagneticMirrorDescent(BaseAlgo):
         """Each step's completion log-prob under the magnet (the reference policy); zeros without a magnet."""
         if not self.alpha:
             return [0.0] * len(steps)
-        totals = torch.zeros(len(steps))
-        with torch.no_grad():
-            for batch in policy.micro_batches(steps):
-                sums = (policy.reference_logprobs(batch) * batch.completion_mask).sum(-1)  # (b,)
-                totals[batch.rows] = sums.float().cpu()
-        return totals.tolist()
+        return completion_totals(policy.micro_batches(steps), policy.reference_logprobs, len(steps))
 
     def target_weights(self, steps: list[Step], magnet_logprobs: list[float]) -> list[float]:
         """Each step's weight n_s target(a) / n_(s,a) (the module docstring's loss as a weighted log-likelihood);

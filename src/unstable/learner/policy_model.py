@@ -20,7 +20,14 @@ from pathlib import Path
 import torch
 
 from unstable import atomic
-from unstable.algorithms.batching import SharedPrompts, TokenBatch, decision_positions, micro_batches, share_prompts
+from unstable.algorithms.batching import (
+    SharedPrompts,
+    TokenBatch,
+    completion_totals,
+    decision_positions,
+    micro_batches,
+    share_prompts,
+)
 from unstable.algorithms.trainable import PolicyOutput
 from unstable.inference.decoding import top_p_nucleus
 from unstable.learner.config import PolicyConfig
@@ -307,15 +314,10 @@ class PolicyModel:
         empty = states.new_zeros(0, dtype=torch.float32)
         return (torch.cat(logps), torch.cat(entropies)) if logps else (empty, empty)
 
-    @torch.no_grad()
     def completion_logprobs(self, steps: list[Step]) -> list[float]:
         """Each step's completion log-probability (summed over its tokens) under the model at the step's sampling
         settings, in input order."""
-        totals = torch.zeros(len(steps))
-        for batch in self.micro_batches(steps):
-            sums = (self.forward(batch).logprobs * batch.completion_mask).sum(-1)  # (b,)
-            totals[batch.rows] = sums.cpu()
-        return totals.tolist()
+        return completion_totals(self.micro_batches(steps), lambda batch: self.forward(batch).logprobs, len(steps))
 
     def save(self, directory: str | os.PathLike, weights: dict[str, torch.Tensor] | None = None) -> str:
         """Write the adapter (float32, as trained) or the whole model in the model dtype with its tokenizer to
