@@ -316,6 +316,27 @@ def test_mmd_weights_are_each_prompts_mirror_descent_target_over_its_sampled_mov
         MagneticMirrorDescent(eta=0.0)
 
 
+def test_mmd_scores_under_the_magnet_only_the_moves_at_prompts_with_a_target():
+    """`MagneticMirrorDescent.magnet_logprobs`: the reference pass runs over the steps whose prompt saw two or more
+    distinct moves, each step's summed completion log-prob put back in place; the others score 0 without a pass."""
+    steps = [_step(completion=(3,)), _step(completion=(4, 5)), _step(prompt=(9,)), _step(completion=(3,))]
+
+    class Reference:
+        scored: list[Step] = []
+
+        def micro_batches(self, batch_steps):
+            self.scored = batch_steps
+            return [collate(batch_steps, 0)]
+
+        def reference_logprobs(self, batch):
+            return -0.5 * torch.ones_like(batch.completion_mask)  # (B, L-1)
+
+    reference = Reference()
+    assert MagneticMirrorDescent().magnet_logprobs(steps, reference) == [-0.5, -1.0, 0.0, -0.5]
+    assert reference.scored == [steps[0], steps[3], steps[1]]
+    assert MagneticMirrorDescent(alpha=0.0).magnet_logprobs(steps, None) == [0.0] * 4
+
+
 @pytest.mark.parametrize("lora", [LoraConfig(lora_rank=4, target_modules=["q_proj", "lm_head"]), None])
 def test_reference_policy_is_the_starting_weights_and_the_ref_kl_holds_the_policy_near_it(tiny_model_dir, bandit, lora):
     def drift(coef):

@@ -23,6 +23,7 @@ import math
 import statistics
 from collections import defaultdict
 from dataclasses import replace
+from itertools import chain
 
 from unstable.algorithms.base import BaseAlgo, normalized_sum
 from unstable.algorithms.batching import completion_totals
@@ -64,19 +65,23 @@ class MagneticMirrorDescent(BaseAlgo):
         }
 
     def magnet_logprobs(self, steps: list[Step], policy: TrainablePolicy) -> list[float]:
-        """Each step's completion log-prob under the magnet (the reference policy); zeros without a magnet."""
+        """Each step's completion log-prob under the magnet (the reference policy) where its prompt has two or more
+        distinct moves; 0 elsewhere (such steps have no target) and everywhere without a magnet."""
+        scores = [0.0] * len(steps)
         if not self.alpha:
-            return [0.0] * len(steps)
-        return completion_totals(policy.micro_batches(steps), policy.reference_logprobs, len(steps))
+            return scores
+        groups = [by_move.values() for by_move in moves_by_prompt(steps).values() if len(by_move) > 1]
+        grouped = [index for group in groups for index in chain(*group)]
+        batches = policy.micro_batches([steps[i] for i in grouped])
+        for index, score in zip(grouped, completion_totals(batches, policy.reference_logprobs, len(grouped))):
+            scores[index] = score
+        return scores
 
     def target_weights(self, steps: list[Step], magnet_logprobs: list[float]) -> list[float]:
         """Each step's weight n_s target(a) / n_(s,a) (the module docstring's loss as a weighted log-likelihood);
         0 at a prompt where one distinct move was sampled."""
-        moves: dict[tuple, dict[tuple, list[int]]] = defaultdict(lambda: defaultdict(list))
-        for index, step in enumerate(steps):
-            moves[step.prompt_token_ids][step.completion_token_ids].append(index)
         weights = [0.0] * len(steps)
-        for by_move in moves.values():
+        for by_move in moves_by_prompt(steps).values():
             if len(by_move) < 2:
                 continue
             exponents = {move: self._exponent(steps, magnet_logprobs, indices) for move, indices in by_move.items()}
@@ -95,3 +100,11 @@ class MagneticMirrorDescent(BaseAlgo):
         value = statistics.fmean(steps[i].reward for i in indices)
         magnet = statistics.fmean(magnet_logprobs[i] for i in indices)
         return (sampled + self.eta * value + step_size * magnet) / (1 + step_size)
+
+
+def moves_by_prompt(steps: list[Step]) -> dict[tuple, dict[tuple, list[int]]]:
+    """The steps' indices by prompt, then by move (completion tokens), in the steps' order."""
+    moves: dict[tuple, dict[tuple, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for index, step in enumerate(steps):
+        moves[step.prompt_token_ids][step.completion_token_ids].append(index)
+    return moves
