@@ -142,7 +142,7 @@ def test_a_config_path_that_is_a_directory_is_refused(tmp_path):
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        ("learner.num_steps.x=1", "override 'learner.num_steps.x=1': learner.num_steps is 200, not a section"),
+        ("learner.num_steps.x=1", "override 'learner.num_steps.x=1': learner.num_steps is 400, not a section"),
         ("learner.num_steps=[1", "override 'learner.num_steps=[1': the value is not valid YAML"),
     ],
 )

@@ -52,8 +52,8 @@ def _warm_and_rl(cfg) -> dict:
 
 def test_the_demo_recipe_is_the_one_measured_over_five_runs():
     """README and docs/learning.md, "The demo's recipe": the spread of `examples/tictactoe-tiny.yaml` over five fresh
-    runs is benchmarks/results/demo-a44fd76 (`benchmarks/demo.py`, which records the file it ran, with no override)."""
-    measured = json.loads((RESULTS / "demo-a44fd76" / "demo.json").read_text())
+    runs is benchmarks/results/demo-400 (`benchmarks/demo.py`, which records the file it ran, with no override)."""
+    measured = json.loads((RESULTS / "demo-400" / "demo.json").read_text())
     assert measured["settings"]["set"] == [] and len(measured["runs"]) == 5
     assert measured["recipe"] == yaml.safe_load((ROOT / "examples" / "tictactoe-tiny.yaml").read_text())
 
