@@ -70,8 +70,7 @@ class MagneticMirrorDescent(BaseAlgo):
         scores = [0.0] * len(steps)
         if not self.alpha:
             return scores
-        groups = [by_move.values() for by_move in moves_by_prompt(steps).values() if len(by_move) > 1]
-        grouped = [index for group in groups for index in chain(*group)]
+        grouped = [index for by_move in contested_moves(steps) for index in chain(*by_move.values())]
         batches = policy.micro_batches([steps[i] for i in grouped])
         for index, score in zip(grouped, completion_totals(batches, policy.reference_logprobs, len(grouped))):
             scores[index] = score
@@ -81,9 +80,7 @@ class MagneticMirrorDescent(BaseAlgo):
         """Each step's weight n_s target(a) / n_(s,a) (the module docstring's loss as a weighted log-likelihood);
         0 at a prompt where one distinct move was sampled."""
         weights = [0.0] * len(steps)
-        for by_move in moves_by_prompt(steps).values():
-            if len(by_move) < 2:
-                continue
+        for by_move in contested_moves(steps):
             exponents = {move: self._exponent(steps, magnet_logprobs, indices) for move, indices in by_move.items()}
             top = max(exponents.values())
             total = sum(math.exp(x - top) for x in exponents.values())
@@ -102,9 +99,10 @@ class MagneticMirrorDescent(BaseAlgo):
         return (sampled + self.eta * value + step_size * magnet) / (1 + step_size)
 
 
-def moves_by_prompt(steps: list[Step]) -> dict[tuple, dict[tuple, list[int]]]:
-    """The steps' indices by prompt, then by move (completion tokens), in the steps' order."""
+def contested_moves(steps: list[Step]) -> list[dict[tuple, list[int]]]:
+    """For each prompt where two or more distinct moves (completion tokens) were made, the steps' indices by move,
+    in the steps' order."""
     moves: dict[tuple, dict[tuple, list[int]]] = defaultdict(lambda: defaultdict(list))
     for index, step in enumerate(steps):
         moves[step.prompt_token_ids][step.completion_token_ids].append(index)
-    return moves
+    return [by_move for by_move in moves.values() if len(by_move) > 1]
