@@ -129,7 +129,8 @@ def train(args: argparse.Namespace, seed: int) -> list[float]:
         if args.mmd:
             mmd_step(logits, moves, lr, args.anchor, args.by_reach)
         elif args.mmd_weights:
-            optimizer.step(logits, mmd_weight_gradients(logits, probs, moves, args.eta, args.anchor), lr)
+            gradients = mmd_weight_gradients(logits, probs, moves, args.eta, args.anchor, args.uncontested_magnet)
+            optimizer.step(logits, gradients, lr)
         elif args.mmd_target:
             optimizer.step(logits, mmd_target_gradients(logits, probs, moves, args.eta, args.anchor), lr)
         elif args.sgd:
@@ -182,22 +183,32 @@ def mmd_target_gradients(
 
 
 def mmd_weight_gradients(
-    logits: dict[str, float], probs: dict[str, float], moves: list[Move], eta: float, alpha: float
+    logits: dict[str, float],
+    probs: dict[str, float],
+    moves: list[Move],
+    eta: float,
+    alpha: float,
+    uncontested_magnet: bool = False,
 ) -> dict[str, float]:
     """The gradient of `unstable.algorithms.mmd`'s loss in each logit, as the language model's learner computes it:
     the moves pooled by what their player saw (the information set, the model's prompt), each move's action
     credited with its mean return there, the mirror-descent target over the distinct moves sampled (from their
     sampling probabilities, those credits and the magnet, even play), the set's loss its moves x the cross-entropy
-    from that target; a set where one move only was sampled is left out (its target is unknown)."""
+    from that target; a set where one move only was sampled is left out (its target is unknown), or with
+    `uncontested_magnet` takes the magnet's step alone, the gap taken as 0 (`uncontested="magnet"`)."""
     step_size = alpha * eta
     pooled: dict[str, dict[int, list[float]]] = {}
     for key, action, credit, _ in moves:
         pooled.setdefault(key, {}).setdefault(action, []).append(credit)
     grads = {key: 0.0 for key in INFOSETS}
     for key, by_action in pooled.items():
-        if len(by_action) < 2:
-            continue
         p = probs[key]
+        if len(by_action) < 2:
+            if uncontested_magnet:
+                keep = 1 / (1 + step_size)
+                up, down = p**keep * 0.5 ** (1 - keep), (1 - p) ** keep * 0.5 ** (1 - keep)
+                grads[key] += sum(map(len, by_action.values())) * (p - up / (up + down)) / len(moves)
+            continue
         exponents = {
             a: (math.log(p if a else 1 - p) + eta * statistics.fmean(c) + step_size * math.log(0.5)) / (1 + step_size)
             for a, c in by_action.items()
@@ -244,6 +255,9 @@ def main() -> None:
     parser.add_argument("--mmd", action="store_true", help="magnetic mirror descent per information set, not Adam")
     parser.add_argument("--mmd-target", action="store_true", help="Adam on the cross-entropy to --mmd's target")
     parser.add_argument("--mmd-weights", action="store_true", help="Adam on unstable.algorithms.mmd's loss")
+    parser.add_argument(
+        "--uncontested-magnet", action="store_true", help="--mmd-weights: uncontested=magnet (a set with one move)"
+    )
     parser.add_argument("--eta", type=float, default=1.0, help="--mmd-target's mirror step")
     args = parser.parse_args()
     ends = []

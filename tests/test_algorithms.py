@@ -316,6 +316,51 @@ def test_mmd_weights_are_each_prompts_mirror_descent_target_over_its_sampled_mov
         MagneticMirrorDescent(eta=0.0)
 
 
+def test_mmd_uncontested_prompts_take_the_magnets_step_alone_or_nothing():
+    """`uncontested="magnet"`: a prompt where one move was sampled gets t = mu^c rho^(1-c) / (that + (1-mu)^c
+    (1-rho)^(1-c)), c = 1/(1+alpha eta), on its log pi and 1 - t on log(1 - pi); a contested prompt's weights are
+    as without it; "skip" gives the uncontested prompt nothing."""
+    steps = [
+        _step(completion=(3,), behaviour=(math.log(0.75),), reward=1.0),
+        _step(completion=(4,), behaviour=(math.log(0.25),), reward=-1.0),
+        _step(prompt=(9,), completion=(3,), behaviour=(math.log(0.9),)),  # alone at its prompt
+    ]
+    magnet = [math.log(0.5)] * 3
+    skip, pull = MagneticMirrorDescent(eta=2.0, alpha=0.5), MagneticMirrorDescent(2.0, 0.5, uncontested="magnet")
+    t = math.sqrt(0.9 * 0.5) / (math.sqrt(0.9 * 0.5) + math.sqrt(0.1 * 0.5))  # c = 1/2
+    assert t == pytest.approx(0.75)
+    assert pull.target_weights(steps, magnet) == pytest.approx(skip.target_weights(steps, magnet)[:2] + [t])
+    assert pull.rest_weights(steps, magnet, pull.target_weights(steps, magnet)) == pytest.approx([0, 0, 1 - t])
+    assert skip.target_weights(steps, magnet)[2] == 0.0
+    assert skip.rest_weights(steps, magnet, skip.target_weights(steps, magnet)) == [0.0] * 3
+    with pytest.raises(ValueError, match="uncontested"):
+        MagneticMirrorDescent(uncontested="always")
+
+
+def test_mmd_pulls_a_saturated_prompt_back_toward_the_magnet_only_with_uncontested_magnet(tiny_model_dir, bandit):
+    """A policy taught one move far past the magnet (the warm start) and then sampling only that move: with
+    "skip" the update has no gradient (Adam's momentum alone moves it); with "magnet" the move's log-odds fall
+    back further."""
+
+    def odds(learner):
+        good = _scored(learner, bandit["prompt"], bandit["good"], 0.0)
+        p = math.exp(sum(good.behaviour_logprobs))
+        return math.log(p / (1 - p))
+
+    moved, grad_norms = {}, {}
+    for uncontested in ("skip", "magnet"):
+        learner = _learner(tiny_model_dir, MagneticMirrorDescent(eta=1.0, alpha=0.1, uncontested=uncontested))
+        for _ in range(10):  # contested batches: both moves sampled, the good one worth 2 more
+            learner.train_step(_bandit_batch(learner, bandit))
+        before = odds(learner)
+        only_good = [_scored(learner, bandit["prompt"], bandit["good"], 1.0)] * 8
+        metrics = learner.train_step(only_good)
+        moved[uncontested], grad_norms[uncontested] = odds(learner) - before, metrics["learner/grad_norm"]
+        assert metrics["learner/grouped_fraction"] == 0.0
+    assert grad_norms["skip"] == 0.0 < grad_norms["magnet"]
+    assert moved["magnet"] < moved["skip"] - 0.01
+
+
 def test_mmd_scores_under_the_magnet_only_the_moves_at_prompts_with_a_target():
     """`MagneticMirrorDescent.magnet_logprobs`: the reference pass runs over the steps whose prompt saw two or more
     distinct moves, each step's summed completion log-prob put back in place; the others score 0 without a pass."""
