@@ -330,9 +330,9 @@ def test_mmd_uncontested_prompts_take_the_magnets_step_alone_or_nothing():
     t = math.sqrt(0.9 * 0.5) / (math.sqrt(0.9 * 0.5) + math.sqrt(0.1 * 0.5))  # c = 1/2
     assert t == pytest.approx(0.75)
     assert pull.target_weights(steps, magnet) == pytest.approx(skip.target_weights(steps, magnet)[:2] + [t])
-    assert pull.rest_weights(steps, magnet, pull.target_weights(steps, magnet)) == pytest.approx([0, 0, 1 - t])
+    assert pull.rest_weights(steps, pull.target_weights(steps, magnet)) == pytest.approx([0, 0, 1 - t])
     assert skip.target_weights(steps, magnet)[2] == 0.0
-    assert skip.rest_weights(steps, magnet, skip.target_weights(steps, magnet)) == [0.0] * 3
+    assert skip.rest_weights(steps, skip.target_weights(steps, magnet)) == [0.0] * 3
     with pytest.raises(ValueError, match="uncontested"):
         MagneticMirrorDescent(uncontested="always")
 

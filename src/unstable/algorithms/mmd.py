@@ -60,7 +60,7 @@ class MagneticMirrorDescent(BaseAlgo):
         """One gradient step over the whole batch (this learner's shard of it) on the target weights."""
         magnet = self.magnet_logprobs(steps, policy)
         weights = self.target_weights(steps, magnet)
-        rest = self.rest_weights(steps, magnet, weights)
+        rest = self.rest_weights(steps, weights)
         contested_share = 1 - len(uncontested_moves(steps)) / len(steps)
         steps = policy.shard([replace(step, reward=w) for step, w in zip(steps, weights)])
         rest = policy.shard(rest)
@@ -115,7 +115,7 @@ class MagneticMirrorDescent(BaseAlgo):
                     weights[index] = size * math.exp(exponents[move] - top) / total / len(indices)
         return weights
 
-    def rest_weights(self, steps: list[Step], magnet_logprobs: list[float], weights: list[float]) -> list[float]:
+    def rest_weights(self, steps: list[Step], weights: list[float]) -> list[float]:
         """Each step's weight on log(1 - pi(a | s)), the moves not sampled: 1 - t at an uncontested prompt with
         `uncontested="magnet"` (`weights` holds its t), else 0."""
         rest = [0.0] * len(steps)
@@ -129,7 +129,8 @@ class MagneticMirrorDescent(BaseAlgo):
         keep = 1 / (1 + self.alpha * self.eta)
         sampled = sum(step.behaviour_logprobs)
         move = keep * sampled + (1 - keep) * magnet_logprob
-        others = keep * log_not_float(sampled) + (1 - keep) * log_not_float(magnet_logprob)
+        not_sampled, not_magnet = log_not(torch.tensor([sampled, magnet_logprob], dtype=torch.float64)).tolist()
+        others = keep * not_sampled + (1 - keep) * not_magnet
         return 1 / (1 + math.exp(others - move))
 
     def _exponent(self, steps: list[Step], magnet_logprobs: list[float], indices: list[int]) -> float:
@@ -163,11 +164,6 @@ _LOG_ONE = -1e-7
 def log_not(logp: torch.Tensor) -> torch.Tensor:
     """log(1 - exp(logp)), elementwise, stable near logp = 0 (`_LOG_ONE`)."""
     return torch.log(-torch.expm1(logp.clamp(max=_LOG_ONE)))
-
-
-def log_not_float(logp: float) -> float:
-    """log(1 - exp(logp)) of one number (`log_not`)."""
-    return math.log(-math.expm1(min(logp, _LOG_ONE)))
 
 
 UNCONTESTED = ("skip", "magnet")  # what a prompt where one move was sampled takes: nothing, or the magnet's step
