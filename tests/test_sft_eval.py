@@ -64,7 +64,8 @@ def test_sft_is_a_registered_algorithm_computing_masked_mean_nll(tiny_model_dir)
     learner = sft_learner(tiny_model_dir, LearnerConfig(policy={"lora": None}, optimizer={"learning_rate": 1e-3}))
     learner.initialize()
     sums = learner.policy.completion_logprobs(steps)
-    assert learner.policy.completion_logprobs([steps[1], steps[0], steps[1]]) == [sums[1], sums[0], sums[1]]
+    reordered = learner.policy.completion_logprobs([steps[1], steps[0], steps[1]])
+    assert reordered == pytest.approx([sums[1], sums[0], sums[1]], rel=1e-5)  # a batch of 3 may round unlike one of 2
     loss = learner.train_step(steps)["learner/loss"]
     assert loss == pytest.approx(-sum(sums) / 5, rel=1e-4)  # 5 completion tokens in the batch
 
