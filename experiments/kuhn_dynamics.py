@@ -14,6 +14,10 @@ model's: pick the one whose policy moves as fast as the model's did (0.1-0.3 in 
 
     python experiments/kuhn_dynamics.py --lr 0.03 --anchor 0.1 --seeds 8               # the recipe, anchor 0.1
     python experiments/kuhn_dynamics.py --mmd --lr 0.1 --anchor 0.1 --batch 1024 --seeds 8
+
+Two of the model's traits can be put back: `--tie T` (with `--mmd-weights`: each step on one card's logit moves the
+other cards' logits at the same betting by T times as much, as shared weights generalise between prompts that differ
+by one token) and `--lag L` (the moves sampled by the policy of L updates before, as an asynchronous learner's are).
 """
 
 from __future__ import annotations
@@ -112,25 +116,38 @@ def lr_factor(step: int, steps: int, schedule: str) -> float:
     return 0.5 * (1 + math.cos(math.pi * step / max(1, steps - 1)))
 
 
+def tie_cards(logits: dict[str, float], before: dict[str, float], tie: float) -> None:
+    """Each logit's change since `before` added `tie` times to the other cards' logits at the same betting."""
+    changes = {key: logits[key] - before[key] for key in INFOSETS}
+    for key, change in changes.items():
+        for card in CARDS:
+            if card != key[0]:
+                logits[card + key[1:]] += tie * change
+
+
 def train(args: argparse.Namespace, seed: int) -> list[float]:
     """One run; the exploitability every `args.every` updates (the first at the start)."""
     rng = random.Random(seed)
     logits = {key: 0.0 for key in INFOSETS}  # even play, as the random-move warm start
     optimizer = Adam()
-    curve = []
+    curve, recent = [], []
     for step in range(args.steps + 1):
         probs = {key: 1 / (1 + math.exp(-x)) for key, x in logits.items()}
         if step % args.every == 0:
             curve.append(float(exploitability(probs)))
         if step == args.steps:
             return curve
-        moves = collect(probs, args.batch, args.rollouts, rng, args.state_baseline)
+        recent = (recent + [probs])[-(args.lag + 1) :]
+        sampler = recent[0]  # the policy of `lag` updates before (or the first)
+        moves = collect(sampler, args.batch, args.rollouts, rng, args.state_baseline)
         lr = args.lr * lr_factor(step, args.steps, args.schedule)
         if args.mmd:
             mmd_step(logits, moves, lr, args.anchor, args.by_reach)
         elif args.mmd_weights:
-            gradients = mmd_weight_gradients(logits, probs, moves, args.eta, args.anchor, args.uncontested_magnet)
+            gradients = mmd_weight_gradients(probs, moves, args.eta, args.anchor, args.uncontested_magnet, sampler)
+            before = dict(logits)
             optimizer.step(logits, gradients, lr)
+            tie_cards(logits, before, args.tie)
         elif args.mmd_target:
             optimizer.step(logits, mmd_target_gradients(logits, probs, moves, args.eta, args.anchor), lr)
         elif args.sgd:
@@ -183,34 +200,36 @@ def mmd_target_gradients(
 
 
 def mmd_weight_gradients(
-    logits: dict[str, float],
     probs: dict[str, float],
     moves: list[Move],
     eta: float,
     alpha: float,
     uncontested_magnet: bool = False,
+    sampler: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """The gradient of `unstable.algorithms.mmd`'s loss in each logit, as the language model's learner computes it:
     the moves pooled by what their player saw (the information set, the model's prompt), each move's action
     credited with its mean return there, the mirror-descent target over the distinct moves sampled (from their
     sampling probabilities, those credits and the magnet, even play), the set's loss its moves x the cross-entropy
     from that target; a set where one move only was sampled is left out (its target is unknown), or with
-    `uncontested_magnet` takes the magnet's step alone, the gap taken as 0 (`uncontested="magnet"`)."""
+    `uncontested_magnet` takes the magnet's step alone, the gap taken as 0 (`uncontested="magnet"`). The target
+    starts from the `sampler`'s probabilities (the moves' recorded log-probs; default `probs`, the policy now)."""
+    sampler = sampler or probs
     step_size = alpha * eta
     pooled: dict[str, dict[int, list[float]]] = {}
     for key, action, credit, _ in moves:
         pooled.setdefault(key, {}).setdefault(action, []).append(credit)
     grads = {key: 0.0 for key in INFOSETS}
     for key, by_action in pooled.items():
-        p = probs[key]
+        p, mu = probs[key], sampler[key]
         if len(by_action) < 2:
             if uncontested_magnet:
                 keep = 1 / (1 + step_size)
-                up, down = p**keep * 0.5 ** (1 - keep), (1 - p) ** keep * 0.5 ** (1 - keep)
+                up, down = mu**keep * 0.5 ** (1 - keep), (1 - mu) ** keep * 0.5 ** (1 - keep)
                 grads[key] += sum(map(len, by_action.values())) * (p - up / (up + down)) / len(moves)
             continue
         exponents = {
-            a: (math.log(p if a else 1 - p) + eta * statistics.fmean(c) + step_size * math.log(0.5)) / (1 + step_size)
+            a: (math.log(mu if a else 1 - mu) + eta * statistics.fmean(c) + step_size * math.log(0.5)) / (1 + step_size)
             for a, c in by_action.items()
         }
         top = max(exponents.values())
@@ -259,6 +278,8 @@ def main() -> None:
         "--uncontested-magnet", action="store_true", help="--mmd-weights: uncontested=magnet (a set with one move)"
     )
     parser.add_argument("--eta", type=float, default=1.0, help="--mmd-target's mirror step")
+    parser.add_argument("--tie", type=float, default=0.0, help="--mmd-weights: a card's step moves the others' by T x")
+    parser.add_argument("--lag", type=int, default=0, help="moves sampled by the policy L updates before")
     args = parser.parse_args()
     ends = []
     for seed in range(args.seeds):
