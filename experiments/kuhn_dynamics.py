@@ -26,6 +26,7 @@ import argparse
 import math
 import random
 import statistics
+from collections import deque
 
 from unstable.games.kuhn import CARDS, INFOSETS, exploitability
 
@@ -130,14 +131,14 @@ def train(args: argparse.Namespace, seed: int) -> list[float]:
     rng = random.Random(seed)
     logits = {key: 0.0 for key in INFOSETS}  # even play, as the random-move warm start
     optimizer = Adam()
-    curve, recent = [], []
+    curve, recent = [], deque(maxlen=args.lag + 1)  # the last lag + 1 policies, the oldest first
     for step in range(args.steps + 1):
         probs = {key: 1 / (1 + math.exp(-x)) for key, x in logits.items()}
         if step % args.every == 0:
             curve.append(float(exploitability(probs)))
         if step == args.steps:
             return curve
-        recent = (recent + [probs])[-(args.lag + 1) :]
+        recent.append(probs)
         sampler = recent[0]  # the policy of `lag` updates before (or the first)
         moves = collect(sampler, args.batch, args.rollouts, rng, args.state_baseline)
         lr = args.lr * lr_factor(step, args.steps, args.schedule)
