@@ -215,7 +215,7 @@ def mmd_weight_gradients(
     from that target; a set where one move only was sampled is left out (its target is unknown), or with
     `uncontested_magnet` takes the magnet's step alone, the gap taken as 0 (`uncontested="magnet"`). The target
     starts from the `sampler`'s probabilities (the moves' recorded log-probs; default `probs`, the policy now)."""
-    sampler = sampler or probs
+    sampler = probs if sampler is None else sampler
     step_size = alpha * eta
     pooled: dict[str, dict[int, list[float]]] = {}
     for key, action, credit, _ in moves:
@@ -282,6 +282,8 @@ def main() -> None:
     parser.add_argument("--tie", type=float, default=0.0, help="--mmd-weights: a card's step moves the others' by T x")
     parser.add_argument("--lag", type=int, default=0, help="moves sampled by the policy L updates before")
     args = parser.parse_args()
+    if args.lag < 0:
+        parser.error(f"--lag must be 0 or more updates, got {args.lag}")
     ends = []
     for seed in range(args.seeds):
         curve = train(args, seed)
