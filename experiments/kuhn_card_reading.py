@@ -1,7 +1,8 @@
 """Does a Kuhn Poker policy tell the Queen from the King? Two measurements (experiments/log.md, "Kuhn Poker's floor").
 
-`floor`: the least exploitability of any strategy that plays the Queen and the King alike at every information set
-(a local search over the 8 free probabilities from random starts): the best a card-coarsened policy can do.
+`floor`: the least exploitability of any strategy that plays given information sets alike (a local search over the
+free probabilities from random starts): the best a card-coarsened policy can do. `--alike QK` (the default) ties the
+Queen and the King at every betting history; `--alike Jc=Qc J=Q` ties those information sets only.
 
 `probe CHECKPOINT`: full-batch supervised steps (Adam) toward given moves at given information sets, printing the
 model's probability of the aggressive move as it goes: how many steps the model needs to play two cards apart when
@@ -15,6 +16,7 @@ spread chips). With `--resets N`, R-NaD's outer loop after it: the anchor replac
 times, each reset's exploitability.
 
     python experiments/kuhn_card_reading.py floor
+    python experiments/kuhn_card_reading.py floor --alike Jc=Qc J=Q --restarts 12
     python experiments/kuhn_card_reading.py probe RUN/checkpoints/ckpt-600 --targets "Qb:[fold]" "Kb:[call]"
     python experiments/kuhn_card_reading.py anchored --taus 1 0.5 0.3 0.2 0.1
     python experiments/kuhn_card_reading.py anchored --taus 0.5 --resets 8
@@ -29,25 +31,42 @@ import random
 
 from unstable.games.kuhn import CARDS, FIRST_PLAYER_INFOSETS, INFOSETS, deal_value, exploitability, game_value
 
-ALIKE_SLOTS = ("J", "QK", "Jcb", "QKcb", "Jc", "QKc", "Jb", "QKb")  # "QK...": one probability for both cards
+HISTORIES = ("", "cb", "c", "b")  # an information set is a card and one of these
 
 
-def alike_strategy(probabilities: list[float]) -> dict[str, float]:
-    """A full strategy from one probability per slot of `ALIKE_SLOTS`, the Queen and the King sharing theirs."""
-    strategy = {}
-    for slot, p in zip(ALIKE_SLOTS, probabilities, strict=True):
-        cards, history = ("QK", slot[2:]) if slot.startswith("QK") else ("J", slot[1:])
-        strategy |= {card + history: p for card in cards}
-    return strategy
+def alike_slots(groups: list[str]) -> list[tuple[str, ...]]:
+    """The information sets that share one probability, from `groups`: "QK" (those cards alike at every history) or
+    "Jc=Qc" (those information sets alike); sets in no group stand alone. Overlapping groups merge."""
+    slots = [{infoset} for infoset in INFOSETS]
+    for group in groups:
+        ties = [group.split("=")] if "=" in group else [[card + history for card in group] for history in HISTORIES]
+        for tie in ties:
+            if len(tie) < 2 or not set(tie) <= set(INFOSETS):
+                raise ValueError(f"--alike {group!r}: name two or more cards ('QK') or information sets ('Jc=Qc')")
+            slots = _merged(slots, set(tie))
+    ordered = sorted(slots, key=lambda slot: min(map(INFOSETS.index, slot)))  # the order of INFOSETS
+    return [tuple(infoset for infoset in INFOSETS if infoset in slot) for slot in ordered]
 
 
-def least_exploitable_alike(restarts: int, seed: int = 0) -> tuple[float, dict[str, float]]:
+def _merged(slots: list[set[str]], tied: set[str]) -> list[set[str]]:
+    joined = set().union(*(slot for slot in slots if slot & tied))
+    return [slot for slot in slots if not slot & tied] + [joined]
+
+
+def alike_strategy(slots: list[tuple[str, ...]], probabilities: list[float]) -> dict[str, float]:
+    """A full strategy from one probability per slot, the slot's information sets sharing it."""
+    return {infoset: p for slot, p in zip(slots, probabilities, strict=True) for infoset in slot}
+
+
+def least_exploitable_alike(
+    slots: list[tuple[str, ...]], restarts: int, seed: int = 0
+) -> tuple[float, dict[str, float]]:
     """Coordinate descent with random kicks from `restarts` random starts; the best exploitability and strategy."""
     rng = random.Random(seed)
-    score = lambda p: float(exploitability(alike_strategy(p)))  # noqa: E731
+    score = lambda p: float(exploitability(alike_strategy(slots, p)))  # noqa: E731
     best = (float("inf"), [])
     for _ in range(restarts):
-        point = [rng.random() for _ in ALIKE_SLOTS]
+        point = [rng.random() for _ in slots]
         value, step = score(point), 0.25
         while step > 1e-4:
             moves = [_nudged(point, i, d) for i in range(len(point)) for d in (step, -step)]
@@ -58,7 +77,7 @@ def least_exploitable_alike(restarts: int, seed: int = 0) -> tuple[float, dict[s
             else:
                 step /= 2
         best = min(best, (value, point))
-    return best[0], alike_strategy(best[1])
+    return best[0], alike_strategy(slots, best[1])
 
 
 def _nudged(point: list[float], index: int, delta: float) -> list[float]:
@@ -169,7 +188,8 @@ def _logit(p: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    floor = commands.add_parser("floor", help="the least exploitability with the Queen and the King played alike")
+    floor = commands.add_parser("floor", help="the least exploitability with given information sets played alike")
+    floor.add_argument("--alike", nargs="+", default=["QK"], help="'QK' (cards) or 'Jc=Qc' (information sets)")
     floor.add_argument("--restarts", type=int, default=40)
     told = commands.add_parser("probe", help="supervised steps toward given moves; the probabilities as they go")
     told.add_argument("checkpoint")
@@ -181,8 +201,12 @@ def main() -> None:
     anchored.add_argument("--resets", type=int, default=0, help="then R-NaD's resets: the anchor moved to each one")
     args = parser.parse_args()
     if args.command == "floor":
-        value, strategy = least_exploitable_alike(args.restarts)
-        print(f"least exploitability with the Queen and the King alike: {value:.4f}")
+        try:
+            slots = alike_slots(args.alike)
+        except ValueError as exc:
+            parser.error(str(exc))
+        value, strategy = least_exploitable_alike(slots, args.restarts)
+        print(f"least exploitability with {' and '.join(args.alike)} alike: {value:.4f}")
         print({key: round(p, 3) for key, p in strategy.items()})
     elif args.command == "anchored":
         for tau in args.taus:

@@ -220,3 +220,18 @@ def test_an_anchor_reset_to_each_regularised_equilibrium_walks_toward_kuhns_equi
     assert len(lines) == 3 and "exploitability 0.1124" in lines[0]
     assert "reset 1" in lines[1] and "exploitability 0.0620" in lines[1]
     assert "reset 2" in lines[2] and "exploitability 0.0404" in lines[2]
+
+
+@pytest.mark.slow
+def test_the_floor_ties_the_information_sets_it_is_given_and_refuses_unknown_ones(tmp_path):
+    """`floor --alike`: the least exploitable strategy found plays the tied information sets alike, and above 0
+    (Kuhn's equilibrium plays the Jack and the Queen apart after a check); a tie of unknown sets is a usage error."""
+    arguments = ["floor", "--alike", "Jc=Qc", "J=Q", "--restarts", "1"]
+    value_line, strategy_line = run_benchmark("experiments/kuhn_card_reading.py", arguments, tmp_path, "").splitlines()
+    strategy = ast.literal_eval(strategy_line)
+    assert strategy["Jc"] == strategy["Qc"] and strategy["J"] == strategy["Q"]
+    assert float(value_line.rsplit(" ", 1)[1]) > 0.02
+    env = os.environ | {"PYTHONPATH": str(ROOT / "src")}
+    script = str(ROOT / "experiments/kuhn_card_reading.py")
+    refused = run_python([script, "floor", "--alike", "Jx=Qc"], cwd=ROOT, env=env, timeout=60)
+    assert refused.returncode == 2 and "--alike 'Jx=Qc'" in refused.stderr
