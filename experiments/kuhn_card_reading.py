@@ -201,6 +201,8 @@ def main() -> None:
     anchored.add_argument("--resets", type=int, default=0, help="then R-NaD's resets: the anchor moved to each one")
     args = parser.parse_args()
     if args.command == "floor":
+        if args.restarts < 1:
+            parser.error(f"--restarts must be at least 1, got {args.restarts}")
         try:
             slots = alike_slots(args.alike)
         except ValueError as exc:

@@ -225,7 +225,8 @@ def test_an_anchor_reset_to_each_regularised_equilibrium_walks_toward_kuhns_equi
 @pytest.mark.slow
 def test_the_floor_ties_the_information_sets_it_is_given_and_refuses_unknown_ones(tmp_path):
     """`floor --alike`: the least exploitable strategy found plays the tied information sets alike, and above 0
-    (Kuhn's equilibrium plays the Jack and the Queen apart after a check); a tie of unknown sets is a usage error."""
+    (Kuhn's equilibrium plays the Jack and the Queen apart after a check); unknown sets or no restarts are a usage
+    error."""
     arguments = ["floor", "--alike", "Jc=Qc", "J=Q", "--restarts", "1"]
     value_line, strategy_line = run_benchmark("experiments/kuhn_card_reading.py", arguments, tmp_path, "").splitlines()
     strategy = ast.literal_eval(strategy_line)
@@ -233,5 +234,7 @@ def test_the_floor_ties_the_information_sets_it_is_given_and_refuses_unknown_one
     assert float(value_line.rsplit(" ", 1)[1]) > 0.02
     env = os.environ | {"PYTHONPATH": str(ROOT / "src")}
     script = str(ROOT / "experiments/kuhn_card_reading.py")
-    refused = run_python([script, "floor", "--alike", "Jx=Qc"], cwd=ROOT, env=env, timeout=60)
-    assert refused.returncode == 2 and "--alike 'Jx=Qc'" in refused.stderr
+    refusals = ((["--alike", "Jx=Qc"], "--alike 'Jx=Qc'"), (["--restarts", "0"], "--restarts must be at least 1"))
+    for bad, says in refusals:
+        refused = run_python([script, "floor", *bad], cwd=ROOT, env=env, timeout=60)
+        assert refused.returncode == 2 and says in refused.stderr
