@@ -31,7 +31,7 @@ import random
 
 from unstable.games.kuhn import CARDS, FIRST_PLAYER_INFOSETS, INFOSETS, deal_value, exploitability, game_value
 
-HISTORIES = ("", "cb", "c", "b")  # an information set is a card and one of these
+HISTORIES = tuple(dict.fromkeys(infoset[1:] for infoset in INFOSETS))  # the betting before a card's move
 
 
 def alike_slots(groups: list[str]) -> list[tuple[str, ...]]:
